@@ -1,0 +1,4 @@
+from .base import ModelBackend
+from .hf import HFBackend
+
+__all__ = ["ModelBackend", "HFBackend"]

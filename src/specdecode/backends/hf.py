@@ -1,0 +1,106 @@
+"""A transformers causal LM behind the backend interface, with a DynamicCache that can forget tokens.
+
+Rows of a batch grow by different amounts (each row accepts its own number of drafts), but a DynamicCache
+is one rectangular tensor per layer. So the cache is a sequence of slots shared by all rows, and a boolean
+slot mask says which slots hold a row's real tokens: left padding, and tokens a row rejected while another
+row kept its own, are holes that attention never sees. Positions come from each row's count of real tokens,
+so a hole changes nothing in what the model computes. Trailing slots that no row needs are cropped. A batch of
+one never has holes and runs with no mask at all.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+
+class HFBackend:
+    def __init__(self, model, vocab_size: int | None = None):
+        self.model = model.eval()
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.config = config
+        self.vocab_size = vocab_size or model.get_output_embeddings().weight.shape[0]
+        self.device = next(model.parameters()).device
+        self.max_positions = getattr(config, "max_position_embeddings", None)
+        params = inspect.signature(model.forward).parameters
+        self._takes_positions = "position_ids" in params
+        self._takes_logits_to_keep = "logits_to_keep" in params
+        self.reset(1)
+
+    @property
+    def lengths(self) -> list[int]:
+        return list(self._lengths)
+
+    def reset(self, batch_size: int) -> None:
+        self.cache = DynamicCache(config=self.config)
+        self.mask: torch.Tensor | None = None  # [B, slots] bool, or None when every slot is real
+        self._lengths = [0] * batch_size
+        self._slots = 0
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        batch, n = input_ids.shape
+        past = torch.tensor(self._lengths, device=self.device).unsqueeze(1)
+        if valid is None:
+            positions = past + torch.arange(n, device=self.device)
+            new_counts = [n] * batch
+        else:
+            positions = (past + valid.long().cumsum(dim=1) - 1).clamp(min=0)
+            new_counts = valid.sum(dim=1).tolist()
+        if self.mask is not None or valid is not None:
+            old = self.mask if self.mask is not None else torch.ones(batch, self._slots, dtype=torch.bool,
+                                                                     device=self.device)
+            new = valid if valid is not None else torch.ones(batch, n, dtype=torch.bool, device=self.device)
+            self.mask = torch.cat([old, new.bool()], dim=1)
+        kwargs = {"input_ids": input_ids, "past_key_values": self.cache, "use_cache": True}
+        if self.mask is not None:
+            kwargs["attention_mask"] = self.mask.long()
+        if self._takes_positions:
+            kwargs["position_ids"] = positions
+        if last_only and self._takes_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        logits = self.model(**kwargs).logits
+        if last_only:
+            logits = logits[:, -1:]
+        self._slots += n
+        self._lengths = [a + b for a, b in zip(self._lengths, new_counts)]
+        return logits[..., : self.vocab_size].float()
+
+    def trim(self, lengths: list[int]) -> None:
+        if list(lengths) == self._lengths:
+            return
+        if self.mask is None and len(set(lengths)) == 1:
+            self._crop_to(lengths[0])
+        else:
+            mask = self.mask if self.mask is not None else torch.ones(
+                len(lengths), self._slots, dtype=torch.bool, device=self.device)
+            keep = torch.tensor(lengths, device=self.device).unsqueeze(1)
+            self.mask = mask & (mask.long().cumsum(dim=1) <= keep)
+            self._drop_trailing_holes()
+        self._lengths = list(lengths)
+
+    def select_rows(self, rows: list[int]) -> None:
+        if rows == list(range(len(self._lengths))):
+            return
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        self.cache.batch_select_indices(index)
+        self._lengths = [self._lengths[r] for r in rows]
+        if self.mask is not None:
+            self.mask = self.mask[index]
+            self._drop_trailing_holes()
+
+    def _drop_trailing_holes(self) -> None:
+        used = self.mask.any(dim=0).nonzero()
+        self._crop_to(int(used[-1]) + 1 if len(used) else 0)
+        if bool(self.mask.all()):
+            self.mask = None
+
+    def _crop_to(self, slots: int) -> None:
+        if slots < self._slots:
+            self.cache.crop(slots - self._slots)  # transformers 5.x: a negative count of slots to remove
+            if self.mask is not None:
+                self.mask = self.mask[:, :slots]
+            self._slots = slots

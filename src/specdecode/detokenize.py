@@ -1,0 +1,33 @@
+"""Incremental detokenization: the text each new token adds, without re-decoding the whole row each time."""
+
+from __future__ import annotations
+
+
+class IncrementalDetokenizer:
+    """Decodes a growing token list; holds back text while a multi-byte character is still incomplete.
+
+    Decoding a token alone can differ from its text in context (leading spaces, byte-level pieces), so each
+    call decodes a short window that starts a few tokens back and keeps only what is new.
+    """
+
+    def __init__(self, tokenizer, prompt_ids: list[int] | None = None):
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = list(prompt_ids[-4:]) if prompt_ids else []
+        self.prefix_offset = 0
+        self.read_offset = len(self.tokens)
+        self.text = ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def add(self, token_id: int) -> str:
+        self.tokens.append(token_id)
+        prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
+        full = self._decode(self.tokens[self.prefix_offset:])
+        if full.endswith("\ufffd") or len(full) <= len(prefix):
+            return ""
+        delta = full[len(prefix):]
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.tokens)
+        self.text += delta
+        return delta

@@ -1,0 +1,80 @@
+"""A smaller language model as the drafter (the classic setting of both papers)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..backends.base import ModelBackend
+from ..sampling import SamplingParams, greedy, logits_to_probs, sample
+
+
+def left_pad(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token lists of different lengths → ids [B, n] and a validity mask (None when nothing is padded)."""
+    width = max(len(r) for r in rows)
+    if all(len(r) == width for r in rows):
+        return torch.tensor(rows, dtype=torch.long, device=device), None
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    valid = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
+    for b, r in enumerate(rows):
+        if r:
+            ids[b, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            valid[b, width - len(r):] = True
+    return ids, valid
+
+
+class ModelDrafter:
+    """Drafts with its own KV cache, kept in step with the target's accepted tokens.
+
+    Each row keeps a short list of tokens that were emitted but are not in the draft's cache yet: normally the
+    target's last token, and after a full acceptance also the last draft (sampled, never fed). The next
+    proposal feeds them in its first forward, so no step is spent catching up.
+    """
+
+    def __init__(self, backend: ModelBackend):
+        self.backend = backend
+        self.vocab_size = backend.vocab_size
+        self.forward_calls = 0
+        self._pending: list[list[int]] = []
+        self._fed: list[int] = []  # cache length per row before the last proposal
+        self._proposed = 0
+
+    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None) -> None:
+        self.backend.reset(input_ids.shape[0])
+        self.backend.forward(input_ids, valid, last_only=True)
+        self.forward_calls += 1
+        self._pending = [[] for _ in range(input_ids.shape[0])]
+        self._proposed = 0
+
+    def propose(self, k: int, params: SamplingParams, generator):
+        self._fed = [n + len(p) for n, p in zip(self.backend.lengths, self._pending)]
+        ids, valid = left_pad(self._pending, self.backend.device)
+        tokens, probs = [], []
+        for i in range(k):
+            logits = self.backend.forward(ids, valid, last_only=True)[:, -1]
+            self.forward_calls += 1
+            if params.greedy:
+                token = greedy(logits)
+            else:
+                q = logits_to_probs(logits, params)
+                token = sample(q, generator)
+                probs.append(q)
+            tokens.append(token)
+            ids, valid = token.unsqueeze(1), None
+        self._proposed = k
+        return torch.stack(tokens, dim=1), (torch.stack(probs, dim=1) if probs else None)
+
+    def update(self, drafts: list[list[int]], num_accepted: list[int], next_tokens: list[int]) -> None:
+        k = self._proposed
+        if k == 0:  # nothing was fed: the new tokens just queue up
+            self._pending = [p + d[:n] + [t] for p, d, n, t in zip(self._pending, drafts, num_accepted, next_tokens)]
+            return
+        # The cache saw the pending tokens and drafts[:k-1]; keep what was accepted of those.
+        kept = [min(n, k - 1) for n in num_accepted]
+        self.backend.trim([f + c for f, c in zip(self._fed, kept)])
+        self._pending = [d[c:n] + [t] for d, c, n, t in zip(drafts, kept, num_accepted, next_tokens)]
+        self._proposed = 0
+
+    def select_rows(self, rows: list[int]) -> None:
+        self.backend.select_rows(rows)
+        self._pending = [self._pending[r] for r in rows]
+        self._fed = [self._fed[r] for r in rows] if self._fed else []

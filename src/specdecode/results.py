@@ -1,0 +1,95 @@
+"""What a generation call returns: tokens, texts, statistics, and streamed token events."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+Provenance = Literal["accepted", "resampled", "bonus", "target"]
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One new token, emitted as soon as it is decided.
+
+    provenance: "accepted" (a draft token the target kept), "resampled" (the target's correction after a
+    rejection), "bonus" (the target's extra token after all drafts were accepted) or "target" (plain decoding,
+    and the first token, which comes from the target's prefill).
+    """
+
+    row: int
+    token_id: int
+    provenance: Provenance
+    text: str | None = None  # the text this token adds to the row (may be "" while a character is incomplete)
+    finished: bool = False  # True on the row's last token
+    finish_reason: str | None = None  # "length" | "stop" | "eos" on the last token
+
+
+@dataclass
+class Stats:
+    """Counters and timings of one generate() call, summed over the rows of the batch."""
+
+    num_rows: int = 0
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    num_speculative_tokens: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    verification_steps: int = 0  # row-steps: one per row per target verification call
+    target_forward_calls: int = 0
+    draft_forward_calls: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # accepted_per_position[i]: draft i+1 kept
+    proposed_per_position: list[int] = field(default_factory=list)
+    prefill_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    other_time_s: float = 0.0
+    wall_time_s: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / proposed draft tokens (0.0 when nothing was proposed)."""
+        return self.accepted_tokens / self.proposed_tokens if self.proposed_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per target verification call and row (1.0 for plain decoding)."""
+        emitted = self.new_tokens - self.num_rows_with_first_token
+        return emitted / self.verification_steps if self.verification_steps else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_per_position, self.proposed_per_position)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Throughput after the prefill: what speculation speeds up."""
+        decode_time = self.wall_time_s - self.prefill_time_s
+        emitted = self.new_tokens - self.num_rows_with_first_token
+        return emitted / decode_time if decode_time > 0 else 0.0
+
+    # The first token of each row comes from the prefill, not from a verification step.
+    num_rows_with_first_token: int = 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for name in ("acceptance_rate", "mean_accepted_length", "per_position_acceptance", "tokens_per_second",
+                     "decode_tokens_per_second"):
+            d[name] = getattr(self, name)
+        return d
+
+
+@dataclass
+class GenerationResult:
+    """token_ids[i] holds only the NEW tokens of row i; texts is None when no tokenizer is known."""
+
+    token_ids: list[list[int]]
+    texts: list[str] | None
+    stats: Stats
+    finish_reasons: list[str]
+    provenance: list[list[str]]
+    prompt_token_ids: list[list[int]] = field(default_factory=list)

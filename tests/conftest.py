@@ -1,0 +1,96 @@
+"""Shared fixtures: a small real tokenizer trained here, and tiny random-weight models saved to disk, so the real
+loading path (from_pretrained on a local directory with safetensors) is exercised without any download."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CORPUS = [
+    "def quicksort(arr):\n    if len(arr) <= 1:\n        return arr\n    pivot = arr[len(arr) // 2]\n",
+    "    left = [x for x in arr if x < pivot]\n    return quicksort(left) + middle + quicksort(right)\n",
+    "The quick brown fox jumps over the lazy dog. Speculative decoding keeps the target distribution.\n",
+    "import numpy as np\nfor i in range(10):\n    print(i, i * i)\nclass Model:\n    pass\n",
+    "Once upon a time there was a small model and a large model; they wrote text together.\n",
+]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tokenizer(vocab_size: int = 320):
+    """A byte-level BPE tokenizer trained on a tiny corpus: real merges, real decoding, ~300 tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>",
+                                                                          "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_qwen(vocab_size: int, seed: int, layers: int = 2, hidden: int = 64, eos_token_id: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, eos_token_id=eos_token_id, bos_token_id=eos_token_id,
+                         tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(config).eval()
+    # Random weights give near-uniform next-token distributions; a larger output layer makes them peaked like a
+    # trained model's, so drafts are sometimes accepted and sometimes not.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+def perturbed_copy(model, scale: float, seed: int):
+    """A draft that resembles the target (acceptance well between 0 and 1) but is a different model."""
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale * p.std().clamp(min=1e-3))
+    return draft
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tokenizer):
+    """(target, draft) transformers models sharing the tiny tokenizer's vocabulary."""
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    target = tiny_qwen(len(tokenizer), seed=0, eos_token_id=eos)
+    draft = perturbed_copy(target, 0.3, seed=1)
+    return target, draft
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory, tokenizer, tiny_pair):
+    """Directories {"target": path, "draft": path} saved with save_pretrained (safetensors + tokenizer)."""
+    root = tmp_path_factory.mktemp("models")
+    paths = {}
+    for name, model in zip(("target", "draft"), tiny_pair):
+        path = root / name
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        paths[name] = str(path)
+    return paths
