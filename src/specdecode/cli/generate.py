@@ -1,1 +1,240 @@
-"""(being written)"""
+"""`specdecode generate`: stream a completion (or many) with speculative decoding, or plain decoding of the target."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import List, Optional
+
+import typer
+
+from .app import app
+from .common import (DeviceMapOpt, DeviceOpt, DraftOpt, DraftQuantizeOpt, DtypeOpt, KOpt, MethodOpt, ModelOptions,
+                     QuantizeOpt, TargetOpt, ThreadsOpt, TrustOpt, PROVENANCE_STYLES, check_generation_args,
+                     check_model_options, encode_chat, err, legend, load_pair, make_generator, quiet_transformers,
+                     read_prompts,
+                     stats_table, sum_stats, use_color, user_errors)
+
+
+def _sgr(style: str):
+    """A function wrapping text in the ANSI codes of a rich style (used for raw stdout writes)."""
+    from rich.color import ColorSystem
+    from rich.style import Style
+
+    parsed = Style.parse(style)
+    return lambda text: parsed.render(text, color_system=ColorSystem.STANDARD)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+class _OrderedPrinter:
+    """Writes the completions of many rows to stdout in prompt order while they are generated in a batch.
+
+    The first unfinished row streams live; later rows are buffered and written when their turn comes.
+    """
+
+    def __init__(self, prompts: list[str], echo: bool, colour: bool, provenance_colours: bool, live: bool,
+                 tokenizer=None):
+        self.prompts = prompts
+        self.tokenizer = tokenizer
+        self.tokens: dict[int, list[int]] = {}
+        self.streamed: dict[int, str] = {}
+        self.echo = echo
+        self.live = live
+        self.styles = {k: _sgr(v) for k, v in PROVENANCE_STYLES.items()} if provenance_colours else {}
+        self.prompt_style = _sgr("bold") if colour else (lambda t: t)
+        self.buffers: dict[int, list[str]] = {}
+        self.finished: set[int] = set()
+        self.ended_with_newline: dict[int, bool] = {}
+        self.current = 0
+        self.started = -1
+
+    def _start(self, index: int) -> None:
+        if self.started >= index:
+            return
+        self.started = index
+        if len(self.prompts) > 1:
+            err.rule(f"prompt {index + 1}/{len(self.prompts)}", style="dim")
+        if self.echo:
+            _write(self.prompt_style(self.prompts[index]))
+
+    def _piece(self, text: str, provenance: str) -> str:
+        style = self.styles.get(provenance)
+        if style is None:
+            return text
+        # Colour each line separately so a newline never carries an open colour into the next line.
+        return "\n".join(style(part) if part else part for part in text.split("\n"))
+
+    def event(self, index: int, token_id: int, text: str | None, provenance: str, finished: bool,
+              finish_reason: str | None) -> None:
+        self.tokens.setdefault(index, []).append(token_id)
+        self.streamed[index] = self.streamed.get(index, "") + (text or "")
+        if finished and finish_reason != "stop":
+            text = (text or "") + self._held_back(index)
+        if text:
+            piece = self._piece(text, provenance)
+            self.ended_with_newline[index] = text.endswith("\n")
+            if index == self.current and self.live:
+                self._start(index)
+                _write(piece)
+            else:
+                self.buffers.setdefault(index, []).append(piece)
+        if finished:
+            self.finished.add(index)
+            self._advance()
+
+    def _held_back(self, index: int) -> str:
+        """Text the incremental detokenizer still held back at the end (an incomplete character, shown as the
+        final decode shows it), so the printed text is the result's text."""
+        if self.tokenizer is None:
+            return ""
+        full = self.tokenizer.decode(self.tokens[index], skip_special_tokens=True,
+                                     clean_up_tokenization_spaces=False)
+        streamed = self.streamed[index]
+        return full[len(streamed):] if len(full) > len(streamed) and full.startswith(streamed) else ""
+
+    def _advance(self) -> None:
+        while self.current < len(self.prompts):
+            index = self.current
+            self._start(index)
+            pending = self.buffers.pop(index, [])
+            if pending:
+                _write("".join(pending))
+            if index not in self.finished:
+                return
+            if not self.ended_with_newline.get(index, False):
+                _write("\n")
+            self.current += 1
+
+
+@app.command()
+def generate(
+    prompt: Optional[str] = typer.Argument(None, help="Text to continue (or, with --chat, the user's message); "
+                                           "'-' reads it from stdin."),
+    target: str = TargetOpt,
+    draft: str = DraftOpt,
+    k: int = KOpt,
+    method: str = MethodOpt,
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most new tokens per prompt."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 samples from the target's "
+                                      "distribution at this temperature."),
+    top_k: int = typer.Option(0, "--top-k", help="Sample only from the k most likely tokens (0 = off)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1] (1.0 = off)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling (batch b of --prompts-file uses "
+                                       "seed + b)."),
+    chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the tokenizer's chat template as a user "
+                              "message."),
+    prompts_file: Optional[str] = typer.Option(None, "--prompts-file", "-f", help="Many prompts: one per line, "
+                                               "or a .jsonl file of {\"prompt\": ...}; '-' reads stdin."),
+    batch_size: int = typer.Option(1, "--batch-size", "-b", help="Prompts of --prompts-file decoded together "
+                                   "in one batch."),
+    stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop when this text appears (repeatable); "
+                                             "the stop text is not output."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Do not stop at the end-of-sequence token."),
+    echo: Optional[bool] = typer.Option(None, "--echo/--no-echo", help="Print the prompt before its completion "
+                                        "(default: on, off with --chat)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Colour tokens by provenance (on a terminal), "
+                                 "with a legend, and print the statistics on stderr."),
+    stream: bool = typer.Option(True, "--stream/--no-stream", help="Print text as it is decided, or all at "
+                                "the end."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON object per prompt and line: prompt, text, "
+                                  "token_ids, finish_reason, provenance, batch, stats. stats are those of the "
+                                  "batch call the prompt was decoded in (summed over its rows)."),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    device_map: Optional[str] = DeviceMapOpt,
+    quantize: Optional[str] = QuantizeOpt,
+    draft_quantize: Optional[str] = DraftQuantizeOpt,
+    trust_remote_code: bool = TrustOpt,
+    threads: Optional[int] = ThreadsOpt,
+) -> None:
+    """Generate text with speculative decoding: exactly the target model's output distribution, faster.
+
+    Text streams to stdout as it is decided; status, progress and statistics go to stderr.
+    """
+    opts = ModelOptions(target=target, draft=draft, device=device, dtype=dtype, device_map=device_map,
+                        quantize=quantize, draft_quantize=draft_quantize, trust_remote_code=trust_remote_code,
+                        threads=threads)
+    with user_errors():
+        check_generation_args(temperature, top_k, top_p, max_new_tokens, k=k, method=method, stop=stop,
+                              batch_size=batch_size)
+        prompts = read_prompts(prompt, prompts_file)
+        check_model_options(opts)
+        quiet_transformers()
+        target_model, draft_model = load_pair(opts, quiet=json_out and not err.is_terminal)
+        gen = make_generator(target_model, draft_model, k, method)
+        inputs = [encode_chat(gen.tokenizer, p) for p in prompts] if chat else prompts
+        echo = (not chat) if echo is None else echo
+        live = stream and not json_out
+        colour = use_color() and not json_out
+        printer = None if json_out else _OrderedPrinter(prompts, echo, colour, colour and verbose, live,
+                                                        gen.tokenizer)
+        if verbose and not json_out:
+            err.print(legend(), soft_wrap=True)
+        all_stats, provenance = [], []
+        with _progress(len(prompts), enabled=not live and err.is_terminal) as advance:
+            for b, start in enumerate(range(0, len(prompts), batch_size)):
+                batch = inputs[start:start + batch_size]
+                token_stream = gen.stream(batch, max_new_tokens=max_new_tokens, temperature=temperature,
+                                          top_k=top_k, top_p=top_p, seed=None if seed is None else seed + b,
+                                          ignore_eos=ignore_eos, stop=stop or None)
+                try:
+                    for event in token_stream:
+                        if printer is not None:
+                            printer.event(start + event.row, event.token_id, event.text, event.provenance,
+                                      event.finished, event.finish_reason)
+                        if event.finished:
+                            advance()
+                finally:
+                    token_stream.close()
+                result = token_stream.result
+                all_stats.append(result.stats)
+                for row in result.provenance:
+                    provenance.extend(row)
+                if json_out:
+                    for row in range(len(batch)):
+                        _write(json.dumps(_record(prompts[start + row], start + row, b, result, row),
+                                          ensure_ascii=False) + "\n")
+        if verbose:
+            total = sum_stats(all_stats)
+            mode = f"speculative, k={k}, {method}" if draft_model is not None else "plain decoding of the target"
+            err.print(stats_table(total, title=f"statistics ({mode})", provenance=provenance))
+
+
+def _record(prompt: str, index: int, batch: int, result, row: int) -> dict:
+    return {
+        "index": index,
+        "prompt": prompt,
+        "text": result.texts[row] if result.texts is not None else None,
+        "token_ids": result.token_ids[row],
+        "finish_reason": result.finish_reasons[row],
+        "provenance": result.provenance[row],
+        "batch": batch,
+        "stats": result.stats.to_dict(),
+    }
+
+
+class _progress:
+    """A progress bar over prompts on stderr, only when nothing streams to stdout and stderr is a terminal."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled, self.bar = total, enabled and total > 1, None
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=err, transient=True)
+        self.bar.start()
+        task = self.bar.add_task("generating", total=self.total)
+        return lambda: self.bar.advance(task)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False

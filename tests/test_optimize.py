@@ -1,0 +1,77 @@
+"""specdecode.models.optimize on a tiny random Qwen2: prepacked target == original (within 1e-4) with a KV cache,
+int8 draft runs, tied embeddings survive, and unsupported inputs fail clearly."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
+
+from specdecode.models.optimize import PrepackedLinear, prepack_linear_layers, quantize_dynamic_int8
+
+
+def tiny_qwen2(tie: bool = False, seed: int = 0) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tie)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+@torch.inference_mode()
+def logits_with_cache(model, prompt, new):
+    cache = DynamicCache(config=model.config)
+    model(prompt, past_key_values=cache, use_cache=True)
+    return model(new, past_key_values=cache, use_cache=True).logits
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_prepacked_matches_original_with_cache(tie):
+    ref_model = tiny_qwen2(tie=tie)
+    model = prepack_linear_layers(copy.deepcopy(ref_model))
+    assert any(isinstance(m, PrepackedLinear) for m in model.modules())
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 64, (1, 11), generator=g)
+    for m in range(1, 9):
+        new = torch.randint(0, 64, (1, m), generator=g)
+        ref = logits_with_cache(ref_model, prompt, new)
+        out = logits_with_cache(model, prompt, new)
+        assert out.shape == ref.shape == (1, m, 64)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_prepack_keeps_tied_embedding():
+    ref_model = tiny_qwen2(tie=True)
+    emb = ref_model.get_input_embeddings().weight.detach().clone()
+    model = prepack_linear_layers(copy.deepcopy(ref_model))
+    torch.testing.assert_close(model.get_input_embeddings().weight, emb, atol=0, rtol=0)
+
+
+def test_int8_draft_runs():
+    model = quantize_dynamic_int8(tiny_qwen2())
+    prompt = torch.randint(0, 64, (1, 7))
+    for m in (1, 2, 5):
+        out = logits_with_cache(model, prompt, torch.randint(0, 64, (1, m)))
+        assert out.shape == (1, m, 64)
+        assert torch.isfinite(out).all()
+
+
+def test_int8_tied_draft_runs_and_does_not_touch_original():
+    orig = tiny_qwen2(tie=True)
+    model = quantize_dynamic_int8(orig)
+    assert type(orig.lm_head) is torch.nn.Linear  # not in place by default
+    out = logits_with_cache(model, torch.randint(0, 64, (1, 5)), torch.randint(0, 64, (1, 3)))
+    assert out.shape == (1, 3, 64) and torch.isfinite(out).all()
+
+
+def test_unsupported_inputs_fail_clearly():
+    with pytest.raises(ValueError, match="fp32"):
+        prepack_linear_layers(tiny_qwen2().to(torch.bfloat16))
+    meta = tiny_qwen2().to("meta")
+    with pytest.raises(ValueError, match="CPU"):
+        prepack_linear_layers(meta)
+    with pytest.raises(ValueError, match="CPU"):
+        quantize_dynamic_int8(meta)

@@ -1,0 +1,165 @@
+"""Helpers of the server tests (no tests here): a live uvicorn server on loopback, generators on the tiny models."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from specdecode import SpeculativeGenerator
+from specdecode.server import ServerSettings, create_app
+
+MODEL = "tiny-target"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """One intra-op thread: for the tiny models on this shared 2-core machine it is tens of times faster than two
+    (OpenMP threads spin against each other and against the other processes). Restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_generator(tiny_pair, tokenizer, k: int = 4) -> SpeculativeGenerator:
+    """A generator of its own on the shared tiny models (each server's worker must own its generator)."""
+    target, draft = tiny_pair
+    return SpeculativeGenerator(target, draft, num_speculative_tokens=k, tokenizer=tokenizer)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """uvicorn serving an app in a background thread on 127.0.0.1, on a port the OS picks."""
+
+    def __init__(self, app, graceful_s: float = 5.0):
+        import uvicorn
+
+        self.app = app
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=graceful_s,
+                                access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def start(self) -> "LiveServer":
+        if self.thread.is_alive() or self.server.started:
+            return self
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def serve(tiny_pair, tokenizer, k: int = 4, **settings) -> LiveServer:
+    """Build an app on a fresh generator with these settings and start serving it."""
+    app = create_app(make_generator(tiny_pair, tokenizer, k), MODEL, tokenizer, ServerSettings(**settings))
+    return LiveServer(app).start()
+
+
+def metric_values(url: str, headers: dict | None = None) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics as {(name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", headers=headers, timeout=10).text
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return values
+
+
+def metric(values: dict, name: str, **labels) -> float:
+    return values.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+class SlowGenerator:
+    """Wraps a generator so that each token takes at least `delay` seconds and EOS never ends a row early: long,
+    predictable generations for the timeout, disconnect, queue-full and shutdown tests."""
+
+    def __init__(self, generator, delay: float):
+        self._generator = generator
+        self.delay = delay
+
+    def __getattr__(self, name):
+        return getattr(self._generator, name)
+
+    def stream(self, *args, **kwargs):
+        kwargs["ignore_eos"] = True
+        return _SlowStream(self._generator.stream(*args, **kwargs), self.delay)
+
+
+class _SlowStream:
+    def __init__(self, stream, delay: float):
+        self._stream = stream
+        self._delay = delay
+
+    def __iter__(self):
+        for event in self._stream:
+            time.sleep(self._delay)
+            yield event
+
+    @property
+    def result(self):
+        return self._stream.result
+
+    def cancel(self, row: int) -> None:
+        self._stream.cancel(row)
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+def serve_slow(tiny_pair, tokenizer, delay: float, **settings) -> LiveServer:
+    app = create_app(SlowGenerator(make_generator(tiny_pair, tokenizer), delay), MODEL, tokenizer,
+                     ServerSettings(**settings))
+    return LiveServer(app).start()
+
+
+def error_shape(response) -> dict:
+    """The OpenAI error body of a response, checked: {"error": {"message", "type", "param", "code"}}."""
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"], error
+    assert isinstance(error["type"], str) and error["type"], error
+    return error
