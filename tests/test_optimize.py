@@ -75,3 +75,13 @@ def test_unsupported_inputs_fail_clearly():
         prepack_linear_layers(meta)
     with pytest.raises(ValueError, match="CPU"):
         quantize_dynamic_int8(meta)
+
+
+def test_bf16_prepacked_draft_runs_close_to_fp32():
+    ref_model = tiny_qwen2()
+    model = prepack_linear_layers(copy.deepcopy(ref_model), dtype=torch.bfloat16)
+    prompt, new = torch.randint(0, 64, (1, 6)), torch.randint(0, 64, (1, 3))
+    out = logits_with_cache(model, prompt, new)
+    ref = logits_with_cache(ref_model, prompt, new)
+    assert out.shape == (1, 3, 64) and out.dtype == torch.float32 and torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, atol=5e-2, rtol=5e-2)  # bf16 rounding: draft-only transform

@@ -26,8 +26,18 @@ def _sgr(style: str):
 
 
 def _write(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep Python from complaining again at exit.
+        import os
+
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        raise typer.Exit(1) from None
 
 
 class _OrderedPrinter:
@@ -185,7 +195,7 @@ def generate(
                     for event in token_stream:
                         if printer is not None:
                             printer.event(start + event.row, event.token_id, event.text, event.provenance,
-                                      event.finished, event.finish_reason)
+                                          event.finished, event.finish_reason)
                         if event.finished:
                             advance()
                 finally:

@@ -44,34 +44,41 @@ class PrepackedLinear(nn.Module):
     apply this after any weight tying / resizing / loading.
     """
 
-    def __init__(self, linear: nn.Linear, batch_size_hint: int = 8):
+    def __init__(self, linear: nn.Linear, batch_size_hint: int = 8, dtype: torch.dtype = torch.float32):
         super().__init__()
         w = linear.weight.detach()
         if w.dtype != torch.float32:
             raise ValueError(f"PrepackedLinear supports fp32 weights only, got {w.dtype}")
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"PrepackedLinear compute dtype must be float32 or bfloat16, got {dtype}")
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.batch_size_hint = batch_size_hint
+        self.compute_dtype = dtype
         # An mkldnn (opaque) tensor; a plain attribute, not a buffer, so state_dict()/.to() leave it alone.
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), batch_size_hint)
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(w.to(dtype).contiguous(), batch_size_hint)
         if linear.bias is not None:
-            self.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+            self.bias = nn.Parameter(linear.bias.detach().to(dtype).clone(), requires_grad=False)
         else:
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32:
-            x = x.float()
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        in_dtype = x.dtype
+        y = torch.ops.mkldnn._linear_pointwise(
+            x.to(self.compute_dtype), self.packed_weight, self.bias, "none", [], ""
+        )
+        return y if y.dtype == in_dtype else y.to(in_dtype)
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.bias is not None}, batch_size_hint={self.batch_size_hint}"
+            f"bias={self.bias is not None}, batch_size_hint={self.batch_size_hint}, compute_dtype={self.compute_dtype}"
         )
 
 
-def prepack_linear_layers(model: nn.Module, batch_size_hint: int = 8) -> nn.Module:
+def prepack_linear_layers(
+    model: nn.Module, batch_size_hint: int = 8, dtype: torch.dtype = torch.float32
+) -> nn.Module:
     """Replace every fp32 ``nn.Linear`` of ``model`` (in place) by a oneDNN-prepacked :class:`PrepackedLinear`.
 
     What: each Linear's weight is reordered once into oneDNN's blocked layout for a batch of
@@ -90,6 +97,11 @@ def prepack_linear_layers(model: nn.Module, batch_size_hint: int = 8) -> nn.Modu
     Exactness: NOT bit-identical to ``F.linear`` (different summation order), but the same function
     up to fp32 rounding: max |d logit| ~ 4e-5 (~2e-6 relative) on the 1.5B; greedy output identical
     on 100 tokens of code. The model stays fp32.
+
+    ``dtype=torch.bfloat16`` (DRAFT ONLY -- it changes the outputs): weights packed in bf16, activations
+    cast to bf16 per Linear and the result cast back (the rest of the model stays fp32). Fast only on
+    CPUs with native bf16 (AVX512-BF16 / AMX; ``torch.backends.mkldnn`` uses them through oneDNN);
+    elsewhere oneDNN emulates bf16 and it can be slower than fp32.
 
     Raises ``ValueError`` for a model not on the CPU or with non-fp32 Linear weights, and
     ``RuntimeError`` where this torch build has no oneDNN (mkldnn).
@@ -110,7 +122,7 @@ def prepack_linear_layers(model: nn.Module, batch_size_hint: int = 8) -> nn.Modu
     for parent, child_name, child in targets:
         key = id(child)  # a Linear shared by two parents is packed once
         if key not in packed:
-            packed[key] = PrepackedLinear(child, batch_size_hint)
+            packed[key] = PrepackedLinear(child, batch_size_hint, dtype)
         setattr(parent, child_name, packed[key])
     return model
 

@@ -30,7 +30,7 @@ from .batcher import Batcher, Cancelled, Done, Failed, Job, QueueFull, ShuttingD
 from .metrics import ServerMetrics
 from .schemas import (ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatResponseMessage,
                       CompletionChoice, CompletionRequest, CompletionResponse, ErrorResponse, Health, ModelCard,
-                      ModelList, PredictRequest, PredictResponse, SpeculativeStats, Usage, MAX_STOP_STRINGS)
+                      ModelList, PredictRequest, PredictResponse, SpeculativeStats, Usage, MAX_STOP_STRINGS, UNSUPPORTED)
 
 log = logging.getLogger("specdecode.server")
 
@@ -195,6 +195,8 @@ def _validation_error(exc: RequestValidationError) -> APIError:
         message = message[len("Value error, "):]
     if first.get("type") == "missing":
         return bad_request(f"{param} is required", param, "missing_required_parameter")
+    if param in UNSUPPORTED:
+        message = "is not supported by this server (only its neutral value is accepted)"
     others = {_error_param(e.get("loc", ())) for e in errors[1:]} - {param}
     more = f" (and {len(others)} more invalid field{'s' if len(others) > 1 else ''})" if others else ""
     return bad_request(f"{param}: {message}{more}", param)
@@ -634,7 +636,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
             schemas = schema.get("components", {}).get("schemas", {})
             schemas.pop("HTTPValidationError", None)
             schemas.pop("ValidationError", None)
-            _document_limits(schemas, settings, has_draft)
+            _document_limits(schemas, settings, has_draft, sorted(names))
             if settings.api_key:
                 schema.setdefault("components", {})["securitySchemes"] = {
                     "bearer": {"type": "http", "scheme": "bearer"}}
@@ -649,7 +651,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
     return app
 
 
-def _document_limits(schemas: dict, settings: ServerSettings, has_draft: bool) -> None:
+def _document_limits(schemas: dict, settings: ServerSettings, has_draft: bool, names: list[str]) -> None:
     """Write this server's limits, and the non-empty rules the validators enforce, into the OpenAPI schemas."""
     def branches(prop: dict) -> list[dict]:
         return prop.get("anyOf", [prop])
@@ -664,6 +666,8 @@ def _document_limits(schemas: dict, settings: ServerSettings, has_draft: bool) -
                 elif name == "num_speculative_tokens" and kind == "integer":
                     branch["minimum"], branch["maximum"] = (1, settings.max_speculative_tokens) if has_draft \
                         else (0, 0)
+                elif name == "model" and kind == "string":
+                    branch["enum"] = names
                 elif name in ("prompt", "stop") and kind == "string":
                     branch["minLength"] = 1
                 elif name in ("prompt", "stop") and kind == "array":

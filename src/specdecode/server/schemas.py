@@ -7,12 +7,28 @@ where an integer belongs is a 400, never silently coerced. Limits that depend on
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 MAX_STOP_STRINGS = 4
+UNSUPPORTED = ("logprobs", "echo", "presence_penalty", "frequency_penalty", "logit_bias")
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+
+
+def _integral_float(value):
+    """JSON Schema counts 1.0 as an integer: accept integral floats, still refuse 2.5, "2" and true."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def Int(ge: int | None = None, le: int | None = None):
+    """An integer field type with bounds (documented as minimum/maximum) that also takes integral floats."""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_integral_float)]
+
+
+TokenCount = Int(ge=1)
 
 
 class _Request(BaseModel):
@@ -43,47 +59,37 @@ class _Sampling(_Request):
     model: Optional[str] = Field(None, description="The served model's id (see /v1/models); may be left out.")
     temperature: Optional[float] = Field(1.0, ge=0.0, le=2.0, description="0 (or below 1e-5) is greedy.")
     top_p: Optional[float] = Field(1.0, gt=0.0, le=1.0)
-    top_k: Optional[int] = Field(None, ge=-1, description="Extension: sample from the k likeliest tokens "
-                                                          "(0 or -1 disables).")
-    seed: Optional[int] = Field(None, ge=SEED_MIN, le=SEED_MAX, description="Same seed, same output: a seeded "
-                                                                             "request runs in a batch of its own.")
-    stop: Optional[Union[str, list[str]]] = Field(None, description=f"Up to {MAX_STOP_STRINGS} stop strings; "
-                                                                    f"the stop string is not returned.")
-    num_speculative_tokens: Optional[int] = Field(None, ge=0, description="Extension: draft tokens per "
-                                                                          "verification (the server's -k if "
-                                                                          "left out).")
-    n: Optional[int] = Field(1, ge=1, le=1, description="Only 1 completion per prompt is supported.")
+    top_k: Optional[Int(ge=-1)] = Field(
+        None, description="Extension: sample from the k likeliest tokens (0 or -1 disables).")
+    seed: Optional[Int(ge=SEED_MIN, le=SEED_MAX)] = Field(
+        None, description="Same seed, same output: a seeded request runs in a batch of its own.")
+    stop: Optional[Union[str, list[str]]] = Field(
+        None, description=f"Up to {MAX_STOP_STRINGS} stop strings; the stop string is not returned.")
+    num_speculative_tokens: Optional[Int(ge=0)] = Field(
+        None, description="Extension: draft tokens per verification (the server's -k if left out).")
+    n: Optional[Int(ge=1, le=1)] = Field(1, description="Only 1 completion per prompt.")
     user: Optional[str] = None
 
     # Accepted only at their neutral values, so a client relying on them gets an error rather than a silent no-op.
-    logprobs: Optional[Any] = Field(None, description="Not supported (null only).")
-    echo: Optional[Any] = Field(None, description="Not supported (false only).")
-    presence_penalty: Optional[Any] = Field(None, description="Not supported (0 only).")
-    frequency_penalty: Optional[Any] = Field(None, description="Not supported (0 only).")
-    logit_bias: Optional[Any] = Field(None, description="Not supported (null or {} only).")
+    presence_penalty: Optional[float] = Field(None, ge=0, le=0, description="Not supported: 0 only.")
+    frequency_penalty: Optional[float] = Field(None, ge=0, le=0, description="Not supported: 0 only.")
+    logit_bias: Optional[dict[str, float]] = Field(None, max_length=0, description="Not supported: {} only.")
 
     @field_validator("stop", mode="before")
     @classmethod
     def _stop(cls, value):
         return _check_stop(value)
 
-    @field_validator("logprobs", "echo", "presence_penalty", "frequency_penalty", "logit_bias", mode="before")
-    @classmethod
-    def _neutral(cls, value, info):
-        neutral = {"logprobs": (False, 0), "echo": (False,), "presence_penalty": (0, 0.0),
-                   "frequency_penalty": (0, 0.0), "logit_bias": ({},)}[info.field_name]
-        if value is not None and not any(type(value) is type(v) and value == v for v in neutral):
-            raise ValueError("is not supported by this server")
-        return None
-
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[str]] = Field(..., description="A prompt, or a list of prompts (at most "
-                                                           "--max-batch-size), each non-empty.")
-    max_tokens: Optional[int] = Field(16, ge=1, description="New tokens at most per prompt (<= the server's "
-                                                            "--max-tokens-limit).")
+    prompt: Union[str, list[str]] = Field(
+        ..., description="A prompt, or a list of prompts (at most --max-batch-size), each non-empty.")
+    max_tokens: Optional[TokenCount] = Field(
+        None, description="New tokens at most per prompt (default 16; at most the server's --max-tokens-limit).")
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
+    logprobs: Optional[Int(ge=0, le=0)] = Field(None, description="Not supported: null or 0.")
+    echo: Optional[Literal[False]] = Field(None, description="Not supported: false only.")
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -118,19 +124,20 @@ class ChatMessage(_Request):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_tokens: Optional[int] = Field(None, ge=1, description="New tokens at most (default: the rest of the "
-                                                              "context, up to --max-tokens-limit).")
-    max_completion_tokens: Optional[int] = Field(None, ge=1, description="Newer name of max_tokens.")
+    max_tokens: Optional[TokenCount] = Field(
+        None, description="New tokens at most (default: the rest of the context, up to --max-tokens-limit).")
+    max_completion_tokens: Optional[TokenCount] = Field(None, description="Newer name of max_tokens.")
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
+    logprobs: Optional[Literal[False]] = Field(None, description="Not supported: false only.")
 
 
 class PredictRequest(_Sampling):
     """The old seed server's body: a prompt, and optionally the sampling fields."""
 
     prompt: str = Field(..., min_length=1)
-    max_new_tokens: Optional[int] = Field(None, ge=1)
-    max_tokens: Optional[int] = Field(None, ge=1, description="Alias of max_new_tokens.")
+    max_new_tokens: Optional[TokenCount] = Field(None, description="New tokens at most (default 64).")
+    max_tokens: Optional[TokenCount] = Field(None, description="Alias of max_new_tokens.")
 
 
 # ---------------------------------------------------------------------------------------------- responses
