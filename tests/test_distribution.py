@@ -137,3 +137,15 @@ def test_the_check_catches_a_draft_warped_differently(pair, monkeypatch):
     per_prompt, _ = sample_batched(generator, 4, 0.6, 3, 1.0)
     with pytest.raises(AssertionError, match="chi-square|probability 0"):
         check_against_target(target, PROMPTS[0], per_prompt[0], 0.6, 3, 1.0)
+
+
+@pytest.mark.slow
+def test_prompt_lookup_drafter_is_lossless(pair):
+    """A deterministic drafter (one-hot q): acceptance is p(x), a rejection resamples p without x."""
+    from specdecode import PromptLookupDrafter
+
+    target, _ = pair
+    generator = SpeculativeGenerator(target, PromptLookupDrafter(max_ngram=2), num_speculative_tokens=3)
+    per_prompt, stats = sample_batched(generator, 6, 0.8, 0, 1.0, prompts=[[1, 2, 3, 1, 2, 3, 1, 2]])
+    assert 0.05 < stats.acceptance_rate < 0.98
+    check_against_target(target, [1, 2, 3, 1, 2, 3, 1, 2], per_prompt[0], 0.8, 0, 1.0)

@@ -327,3 +327,20 @@ def test_load_model_errors_are_clear(tmp_path):
         load_model(str(tmp_path), dtype="float8")
     with pytest.raises(RuntimeError, match="CUDA"):
         load_model(str(tmp_path), device="cuda")
+
+
+# ------------------------------------------------------------------------------------------ other drafters
+def test_prompt_lookup_drafter_greedy_equals_target_and_copies_repeats(models):
+    from specdecode import PromptLookupDrafter
+
+    target, _ = models
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7]
+    reference = hf_greedy(target, prompt, 20)
+    drafter = PromptLookupDrafter(max_ngram=3)
+    result = SpeculativeGenerator(target, drafter, num_speculative_tokens=4).generate(
+        [prompt, [1, 2]], max_new_tokens=20, temperature=0.0, ignore_eos=True)
+    assert result.token_ids[0] == reference
+    assert result.token_ids[1] == hf_greedy(target, [1, 2], 20)
+    assert result.stats.draft_forward_calls == 0
+    assert drafter._lookup([5, 6, 7, 8, 5, 6], 3) == [7, 8, 5]  # what followed the last "5 6"
+    assert drafter._lookup([1, 2, 3], 2) == [3, 3]  # nothing to copy: repeat the last token

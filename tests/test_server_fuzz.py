@@ -43,9 +43,8 @@ def test_schema_lists_every_operation(api_schema):
 
 # schemathesis' own pytest integration (from_fixture / parametrize) does not run under this pytest version, so
 # each operation is fuzzed with its Hypothesis strategy directly: the same generation and the same checks.
-# Negative data needs something to break: a body or a path parameter.
-CASES = [(m, p, "positive") for m, p in OPERATIONS] + [(m, p, "negative") for m, p in OPERATIONS
-                                                        if m == "POST" or "{" in p]
+# Negative data needs something to break: a JSON body (a string path parameter has no invalid value).
+CASES = [(m, p, "positive") for m, p in OPERATIONS] + [(m, p, "negative") for m, p in OPERATIONS if m == "POST"]
 
 
 @pytest.mark.parametrize("method,path,mode", CASES, ids=[f"{m} {p} {mode}" for m, p, mode in CASES])
@@ -70,10 +69,7 @@ def test_openapi_fuzz(api_schema, fuzz_server, method, path, mode):
         response = case.call_and_validate(base_url=fuzz_server.url, checks=checks, timeout=30)
         statuses.append(response.status_code)
 
-    try:
-        fuzz()
-    except hypothesis.errors.Unsatisfiable:
-        pytest.skip(f"no {mode} data can be generated for {method} {path}")
+    fuzz()
     if mode == "positive" and method == "POST":
         # the schema documents the server's limits, so most valid data really is generated from
         ok = sum(200 <= code < 300 for code in statuses)

@@ -1,5 +1,6 @@
 """specdecode: lossless speculative decoding for Hugging Face causal language models."""
 
+from .drafters import ModelDrafter, PromptLookupDrafter
 from .engine import AutoregressiveGenerator, SpeculativeGenerator, TokenStream
 from .results import GenerationResult, Stats, TokenEvent
 from .sampling import SamplingParams
@@ -15,5 +16,5 @@ def load_model(*args, **kwargs):
     return _load(*args, **kwargs)
 
 
-__all__ = ["AutoregressiveGenerator", "SpeculativeGenerator", "TokenStream", "GenerationResult", "Stats",
+__all__ = ["ModelDrafter", "PromptLookupDrafter", "AutoregressiveGenerator", "SpeculativeGenerator", "TokenStream", "GenerationResult", "Stats",
            "TokenEvent", "SamplingParams", "VocabularyMismatchError", "load_model", "__version__"]

@@ -111,6 +111,10 @@ class SpeculativeGenerator:
             self.drafter = None
         elif hasattr(draft_model, "propose"):
             self.drafter = draft_model
+            if getattr(self.drafter, "vocab_size", None) is None:
+                self.drafter.vocab_size = vocab
+            if getattr(self.drafter, "device", "unset") is None:
+                self.drafter.device = self.target.device
         else:
             backend = draft_model if hasattr(draft_model, "trim") else HFBackend(draft_model, vocab)
             self.drafter = ModelDrafter(backend)
@@ -279,6 +283,8 @@ class SpeculativeGenerator:
         return [active[i] for i in keep]
 
     def _encode(self, prompts: Prompts) -> list[list[int]]:
+        if isinstance(prompts, torch.Tensor):
+            prompts = prompts.tolist()
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not prompts:

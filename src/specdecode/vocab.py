@@ -12,9 +12,9 @@ class VocabularyMismatchError(ValueError):
     pass
 
 
-def embedding_rows(model) -> int:
+def embedding_rows(model) -> int | None:
     if hasattr(model, "vocab_size") and not hasattr(model, "get_output_embeddings"):
-        return model.vocab_size  # a backend or drafter
+        return model.vocab_size  # a backend or drafter (None: it adopts the target's vocabulary)
     output = model.get_output_embeddings()
     return output.weight.shape[0] if output is not None else model.config.vocab_size
 
@@ -35,7 +35,7 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer) -> None:
 def shared_vocab_size(target, draft=None, target_tokenizer=None, draft_tokenizer=None,
                       vocab_size: int | None = None) -> int:
     rows = {"target": embedding_rows(target)}
-    if draft is not None:
+    if draft is not None and embedding_rows(draft) is not None:
         rows["draft"] = embedding_rows(draft)
     smallest = min(rows.values())
     if target_tokenizer is not None and draft_tokenizer is not None:

@@ -46,8 +46,8 @@ def serve(
 ) -> None:
     """Serve the target (sped up by the draft) over an OpenAI-compatible HTTP API.
 
-    Endpoints: /v1/completions, /v1/chat/completions (both streaming too), /v1/models, /health, /metrics
-    (Prometheus), /predict (the old seed server's API), /openapi.json.
+    Endpoints: /v1/completions and /v1/chat/completions (streaming too), /v1/models, /health, /metrics (Prometheus),
+    /predict (the old seed server's API) and /openapi.json.
     """
     with user_errors():
         import uvicorn
