@@ -4,7 +4,7 @@ K in {1, 4, 8}, and ragged batches (each row equals that prompt decoded alone by
 import pytest
 import torch
 from transformers import (BloomConfig, BloomForCausalLM, Gemma2Config, Gemma2ForCausalLM, GemmaConfig,
-                          GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          GemmaForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM)
 
 from conftest import perturbed_copy
@@ -31,7 +31,13 @@ ARCHITECTURES = {
     "gemma2": lambda: Gemma2ForCausalLM(Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
                                                      num_hidden_layers=2, num_attention_heads=4,
                                                      num_key_value_heads=1, head_dim=8, max_position_embeddings=128,
-                                                     sliding_window=128, tie_word_embeddings=False)),
+                                                     sliding_window=6, tie_word_embeddings=False)),
+    # sliding windows shorter than the sequences: holes in the cache must never shift the window
+    "gemma3": lambda: Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                                         num_hidden_layers=2, num_attention_heads=4,
+                                                         num_key_value_heads=1, head_dim=8,
+                                                         max_position_embeddings=128, sliding_window=6,
+                                                         tie_word_embeddings=False)),
 }
 PROMPTS = [[5, 17, 3, 44, 9, 12, 80], [61], [2, 2, 7, 31], [0, 90, 11, 23, 54, 8, 19, 27, 3, 5, 6]]
 NEW_TOKENS = 24

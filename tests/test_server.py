@@ -460,3 +460,29 @@ def test_cli_serve(tiny_model_dirs):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+# ---------------------------------------------------------------------------------------------- plain decoding
+def test_plain_decoding_server(tiny_pair, tokenizer):
+    from specdecode import AutoregressiveGenerator
+    from specdecode.server import ServerSettings, create_app
+    from test_server_helpers import LiveServer
+
+    plain = AutoregressiveGenerator(tiny_pair[0], tokenizer=tokenizer)
+    with LiveServer(create_app(plain, MODEL, tokenizer, ServerSettings(max_tokens_limit=16))) as srv:
+        r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0},
+                       timeout=60)
+        assert r.status_code == 200
+        body = r.json()
+        expected = AutoregressiveGenerator(tiny_pair[0], tokenizer=tokenizer).generate(PROMPT, max_new_tokens=8,
+                                                                                        temperature=0)
+        assert body["choices"][0]["text"] == expected.texts[0]
+        spec = body["speculative"]
+        assert spec["draft_model"] is None and spec["num_speculative_tokens"] == 0
+        assert spec["acceptance_rate"] == 0.0
+        assert httpx.get(f"{srv.url}/v1/models").json()["data"][0]["draft"] is None
+        k = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "a", "num_speculative_tokens": 2})
+        assert k.status_code == 400 and error_shape(k)["param"] == "num_speculative_tokens"
+        k0 = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "a", "max_tokens": 2, "num_speculative_tokens": 0},
+                        timeout=60)
+        assert k0.status_code == 200

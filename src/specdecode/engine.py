@@ -14,8 +14,7 @@ import torch
 
 from .backends.hf import HFBackend
 from .detokenize import IncrementalDetokenizer
-from .drafters.base import Drafter
-from .drafters.model import ModelDrafter, left_pad
+from .drafters.model import ModelDrafter, pad
 from .rejection import METHODS, verify, verify_greedy
 from .results import GenerationResult, Stats, TokenEvent
 from .sampling import SamplingParams, greedy, logits_to_probs, sample
@@ -174,7 +173,7 @@ class SpeculativeGenerator:
         start = time.perf_counter()
 
         # Prefill both models on the whole prompt; the target's last logits give the first new token.
-        ids, valid = left_pad(prompt_ids, device)
+        ids, valid = pad(prompt_ids, device, side="left")
         self.target.reset(len(rows))
         first = self._pick(self.target.forward(ids, valid, last_only=True)[:, -1], params, generator)
         stats.target_forward_calls += 1

@@ -6,6 +6,10 @@ slot mask says which slots hold a row's real tokens: left padding, and tokens a 
 row kept its own, are holes that attention never sees. Positions come from each row's count of real tokens,
 so a hole changes nothing in what the model computes. Trailing slots that no row needs are cropped. A batch of
 one never has holes and runs with no mask at all.
+
+Sliding-window attention is the exception: transformers measures the window in slots, so a hole inside the
+window would shift it. For those models the cache is compacted (each row's real tokens gathered to the right,
+left padding before them) before any forward that follows a hole.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ class HFBackend:
         params = inspect.signature(model.forward).parameters
         self._takes_positions = "position_ids" in params
         self._takes_logits_to_keep = "logits_to_keep" in params
+        layer_types = getattr(config, "layer_types", None) or []
+        self._sliding = "sliding_attention" in layer_types or (
+            not layer_types and getattr(config, "sliding_window", None) is not None
+            and getattr(config, "use_sliding_window", True))
         self.reset(1)
 
     @property
@@ -34,7 +42,9 @@ class HFBackend:
         return list(self._lengths)
 
     def reset(self, batch_size: int) -> None:
-        self.cache = DynamicCache(config=self.config)
+        # Full layers even for sliding-window models: a sliding layer forgets old slots on its own, and then a
+        # rejected draft could no longer be cropped.
+        self.cache = DynamicCache()
         self.mask: torch.Tensor | None = None  # [B, slots] bool, or None when every slot is real
         self._lengths = [0] * batch_size
         self._slots = 0
@@ -43,6 +53,8 @@ class HFBackend:
     def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None,
                 last_only: bool = False) -> torch.Tensor:
         batch, n = input_ids.shape
+        if self._sliding and self.mask is not None:
+            self._compact()
         past = torch.tensor(self._lengths, device=self.device).unsqueeze(1)
         if valid is None:
             positions = past + torch.arange(n, device=self.device)
@@ -60,10 +72,14 @@ class HFBackend:
             kwargs["attention_mask"] = self.mask.long()
         if self._takes_positions:
             kwargs["position_ids"] = positions
-        if last_only and self._takes_logits_to_keep:
+        ragged_end = valid is not None and not bool(valid[:, -1].all())
+        if last_only and self._takes_logits_to_keep and not ragged_end:
             kwargs["logits_to_keep"] = 1
         logits = self.model(**kwargs).logits
-        if last_only:
+        if last_only and ragged_end:  # right-padded rows: each row's last real token
+            last = (valid.long() * torch.arange(1, n + 1, device=self.device)).argmax(dim=1)
+            logits = logits[torch.arange(batch, device=self.device), last].unsqueeze(1)
+        elif last_only:
             logits = logits[:, -1:]
         self._slots += n
         self._lengths = [a + b for a, b in zip(self._lengths, new_counts)]
@@ -91,6 +107,22 @@ class HFBackend:
         if self.mask is not None:
             self.mask = self.mask[index]
             self._drop_trailing_holes()
+
+    def _compact(self) -> None:
+        """Gather each row's real slots to the right end, so that no hole sits inside an attention window."""
+        mask = self.mask
+        if not bool((mask[:, 1:] < mask[:, :-1]).any()):  # already left padding only
+            return
+        width = max(self._lengths)
+        slots = torch.arange(self._slots, device=self.device).expand_as(mask)
+        # stable order: real slots last, in their original order
+        order = torch.argsort(mask.long() * (self._slots + 1) + slots, dim=1)[:, -width:]
+        for layer in self.cache.layers:
+            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys = layer.keys.gather(2, index)
+            layer.values = layer.values.gather(2, index)
+        self.mask = mask.gather(1, order)
+        self._slots = width
 
     def _drop_trailing_holes(self) -> None:
         used = self.mask.any(dim=0).nonzero()

@@ -32,7 +32,7 @@ def plot_report(report: dict, path: str | Path) -> Path:
     if config.get("draft"):
         title += f"  ←  draft {config['draft']}"
     title += (f"   |   prompts: {config.get('prompts', '?')} ({config.get('num_prompts', '?')}), "
-              f"{config.get('max_new_tokens', '?')} new tokens, {config.get('runs', '?')} runs")
+              f"{config.get('max_new_tokens', '?')} new tokens, {config.get('runs', '?')} run(s)")
     fig.suptitle(title, fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
@@ -53,7 +53,7 @@ def _bars(ax, report: dict) -> None:
     heads = [max([m + s] + r) for m, s, r in zip(medians, stds, runs)]
     top = max(heads, default=1.0) or 1.0
     for x, n, m, head in zip(xs, names, medians, heads):
-        label = f"{m:.1f} tok/s"
+        label = f"{m:.3g} tok/s"
         block = methods[n]
         if "speedup_vs" in block and block["speedup_vs"].get("specdecode-plain"):
             label += f"\n{block['speedup_vs']['specdecode-plain']:.2f}× ours plain"

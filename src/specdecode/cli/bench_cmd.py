@@ -19,7 +19,7 @@ from .app import app
 from .common import (CLIError, DeviceMapOpt, DeviceOpt, DraftOpt, DraftQuantizeOpt, DtypeOpt, MethodOpt,
                      ModelOptions, QuantizeOpt, TargetOpt, ThreadsOpt, TrustOpt, err, load_pair, out, user_errors)
 
-bench_app = typer.Typer(help="Benchmark our loop against transformers on the same prompts (see `bench --help`).")
+bench_app = typer.Typer()  # its help is the docstring of bench() below
 app.add_typer(bench_app, name="bench")
 eval_app = typer.Typer(help="Task evaluations of speculative vs plain sampling.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
@@ -115,6 +115,15 @@ def _console():
     return Console(highlight=False, soft_wrap=True, width=160)
 
 
+def _rate(x) -> str:
+    """A throughput with sensible digits: 1234, 123.4, 12.3, 1.23, 0.273."""
+    if x is None or not math.isfinite(x):
+        return "–"
+    if x == 0:
+        return "0"
+    return f"{x:.0f}" if x >= 1000 else f"{x:.1f}" if x >= 10 else f"{x:.2f}" if x >= 1 else f"{x:.3f}"
+
+
 def _fmt(x, spec: str = ".2f", none: str = "–") -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return none
@@ -173,12 +182,19 @@ def bench(
     trust_remote_code: bool = TrustOpt,
     threads: Optional[int] = ThreadsOpt,
 ) -> None:
-    """Compare plain and speculative decoding, ours and transformers', in one process on the same prompts.
+    """Benchmark plain vs speculative decoding, ours and transformers'.
 
-    Methods: specdecode-plain (our loop, no draft), specdecode (ours, speculative), hf-plain (transformers
-    generate), hf-assisted (transformers assisted generation with the same draft object and K). Runs are
-    interleaved after a warm-up. Reports tokens/s, ms/token, speedups, acceptance, the measured cost ratio c and
-    verification cost v, and the theoretical speedup next to the measured one.
+    All methods run in one process, on the same prompts and settings.
+
+    Methods: specdecode-plain (our loop, no draft), specdecode (ours,
+    speculative), hf-plain (transformers generate), hf-assisted
+    (transformers assisted generation with the same draft object and K).
+    Runs are interleaved after a warm-up. Reports tokens/s, ms/token,
+    speedups, acceptance, the measured cost ratio c and verification cost v,
+    and the theoretical speedup next to the measured one.
+
+    `specdecode bench latency` measures ms/token of the target alone and
+    with the draft.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -259,7 +275,7 @@ def _print_bench(report: dict) -> None:
     out.print(f"[bold]specdecode bench[/]  target [cyan]{config.get('target')}[/]"
               + (f"  draft [cyan]{config.get('draft')}[/]" if config.get("draft") else "")
               + f"  prompts {config.get('prompts')} ({config['num_prompts']})  {config['max_new_tokens']} new tokens"
-              f"  {config['runs']} runs + {config['warmup']} warm-up  torch {env['torch']}, "
+              f"  {config['runs']} run(s) + {config['warmup']} warm-up  torch {env['torch']}, "
               f"transformers {env['transformers']}, {env['torch_threads']} threads")
     for t in config["temperatures"]:
         configs = [c for c in report["sweep"] if c["temperature"] == t]
@@ -278,10 +294,9 @@ def _print_bench(report: dict) -> None:
                 vs = block.get("speedup_vs", {})
                 spec = name in ("specdecode", "hf-assisted")
                 ratio = lambda other: _fmt(vs.get(other), ".2f", "") + ("×" if vs.get(other) else "")  # noqa: E731
-                speed.add_row(name, str(c["k"]) if spec else "", _fmt(block["tokens_per_second"], ".1f"),
-                              f"{_fmt(block['tokens_per_second_mean'], '.1f')} ± "
-                              f"{_fmt(block['tokens_per_second_std'], '.1f')}",
-                              _fmt(block["ms_per_token"], ".1f"), ratio("specdecode-plain"), ratio("hf-plain"),
+                speed.add_row(name, str(c["k"]) if spec else "", _rate(block["tokens_per_second"]),
+                              f"{_rate(block['tokens_per_second_mean'])} ± {_rate(block['tokens_per_second_std'])}",
+                              _rate(block["ms_per_token"]), ratio("specdecode-plain"), ratio("hf-plain"),
                               ratio("hf-assisted") if spec else "")
                 if not block["lengths_match"]:
                     err.print(f"[yellow]warning:[/] {name} made {block['new_tokens_per_prompt']} tokens per prompt, "
@@ -324,7 +339,7 @@ def _print_bench(report: dict) -> None:
             continue
         verdict = "" if rec["speculation_pays"] else " — slower than plain decoding here: speculation does not pay"
         out.print(f"[bold]recommended[/] at T={rec['temperature']:g}: K={rec['k']} ({rec['method']}, "
-                  f"{rec['tokens_per_second']:.1f} tok/s, {_fmt(rec['speedup_vs_plain'], '.2f')}× plain){verdict}")
+                  f"{_rate(rec['tokens_per_second'])} tok/s, {_fmt(rec['speedup_vs_plain'], '.2f')}× plain){verdict}")
     sanity = report.get("sanity")
     if sanity:
         for c in sanity["checks"]:
@@ -360,7 +375,11 @@ def latency(
     trust_remote_code: bool = TrustOpt,
     threads: Optional[int] = ThreadsOpt,
 ) -> None:
-    """ms/token of the target alone and with the draft: forward costs, then end-to-end decoding of one prompt."""
+    """ms/token of the target alone and with the draft.
+
+    Forward costs on a warm cache (1-token target and draft steps, (K+1)-token
+    verification), then end-to-end decoding of one prompt.
+    """
     with user_errors():
         from ..bench.runner import encode_prompts, measure_latency
         from ..sampling import SamplingParams
@@ -436,10 +455,14 @@ def multiplication(
     trust_remote_code: bool = TrustOpt,
     threads: Optional[int] = ThreadsOpt,
 ) -> None:
-    """Accuracy on a × b (a, b in 1..99) by plain vs speculative sampling of the target: Wilson intervals, z-test.
+    """Accuracy on a × b: plain vs speculative sampling, Wilson CIs, z-test.
 
-    Both runs sample the target's own distribution (speculative decoding is lossless), so their accuracies
-    should agree up to sampling noise. The answer is the first integer the model writes.
+    a and b are drawn from 1..99; the target answers each prompt by plain and
+    by speculative sampling.
+
+    Both runs sample the target's own distribution (speculative decoding is
+    lossless), so their accuracies should agree up to sampling noise. The
+    answer is the first integer the model writes.
     """
     with user_errors():
         from ..engine import AutoregressiveGenerator, SpeculativeGenerator
@@ -533,13 +556,15 @@ def verify(
     trust_remote_code: bool = TrustOpt,
     threads: Optional[int] = ThreadsOpt,
 ) -> None:
-    """Check on your pair that speculative sampling reproduces the target's distribution (losslessness).
+    """Check on your pair that speculative sampling is lossless.
 
-    For each prompt, the target's exact distribution of the first P tokens (joint and per position, after the
-    same temperature/top-k/top-p) is computed by running the target alone on every likely prefix; N speculative
-    samples are compared with it by total-variation distance and chi-square tests. PASS means no deviation was
-    detected at this sample size (the report says which TV distance could have been detected); it covers only
-    these prompts and positions. Exit code 1 on FAIL.
+    For each prompt, the target's exact distribution of the first P tokens
+    (joint and per position, after the same temperature/top-k/top-p) is
+    computed by running the target alone on every likely prefix; N
+    speculative samples are compared with it by total-variation distance and
+    chi-square tests. PASS means no deviation was detected at this sample
+    size (the report says which TV distance could have been detected); it
+    covers only these prompts and positions. Exit code 1 on FAIL.
     """
     with user_errors():
         from ..bench.prompts import load_prompts
@@ -611,7 +636,9 @@ def _print_verify(report: dict, tokenizer) -> None:
                   "was checked")
     out.print(f"What this checks: the first {report['positions']} sampled tokens follow the target's exact "
               f"distribution (after the same warping), per position and jointly; steps drafted at most "
-              f"{report['max_drafts_per_step_exercised']} tokens (K={report['k']}, P={report['positions']}). "
+              f"{report['max_drafts_per_step_exercised']} token(s) (K={report['k']}, P={report['positions']}"
+              f"{'' if report['max_drafts_per_step_exercised'] >= report['k'] else '; use P >= K+2 for full steps'}"
+              f"). "
               f"A PASS means no deviation larger than about TV {report['prompts'][0]['detectable_tv']:.3f} "
               f"(joint) was detected; it is evidence, not proof, and covers only these prompts and positions.")
     out.print("[bold green]PASS[/]: the speculative samples are consistent with the target's distribution"

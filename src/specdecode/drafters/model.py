@@ -8,7 +8,7 @@ from ..backends.base import ModelBackend
 from ..sampling import SamplingParams, greedy, logits_to_probs, sample
 
 
-def left_pad(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
+def pad(rows: list[list[int]], device, side: str = "left") -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token lists of different lengths → ids [B, n] and a validity mask (None when nothing is padded)."""
     width = max(len(r) for r in rows)
     if all(len(r) == width for r in rows):
@@ -17,8 +17,9 @@ def left_pad(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor 
     valid = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
     for b, r in enumerate(rows):
         if r:
-            ids[b, width - len(r):] = torch.tensor(r, dtype=torch.long)
-            valid[b, width - len(r):] = True
+            span = slice(width - len(r), width) if side == "left" else slice(0, len(r))
+            ids[b, span] = torch.tensor(r, dtype=torch.long)
+            valid[b, span] = True
     return ids, valid
 
 
@@ -47,7 +48,8 @@ class ModelDrafter:
 
     def propose(self, k: int, params: SamplingParams, generator):
         self._fed = [n + len(p) for n, p in zip(self.backend.lengths, self._pending)]
-        ids, valid = left_pad(self._pending, self.backend.device)
+        # Right padding: the new tokens sit right after each row's cached ones (exact for sliding windows too).
+        ids, valid = pad(self._pending, self.backend.device, side="right")
         tokens, probs = [], []
         for i in range(k):
             logits = self.backend.forward(ids, valid, last_only=True)[:, -1]

@@ -28,13 +28,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .batcher import Batcher, Cancelled, Done, Failed, Job, QueueFull, ShuttingDown, Started, Token
 from .metrics import ServerMetrics
-from .schemas import (ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatResponseMessage,
-                      CompletionChoice, CompletionRequest, CompletionResponse, ErrorResponse, Health, ModelCard,
-                      ModelList, PredictRequest, PredictResponse, SpeculativeStats, Usage, MAX_STOP_STRINGS, UNSUPPORTED)
+from .schemas import (MAX_STOP_STRINGS, UNSUPPORTED, ChatChoice, ChatCompletionRequest, ChatCompletionResponse,
+                      ChatResponseMessage, CompletionChoice, CompletionRequest, CompletionResponse, ErrorResponse,
+                      Health, ModelCard, ModelList, PredictRequest, PredictResponse, SpeculativeStats, Usage)
 
 log = logging.getLogger("specdecode.server")
 
-DISCONNECT_POLL_S = 0.2
+DISCONNECT_POLL_S = 0.2  # how often a waiting request checks whether its client is still there
+LONG_TEXT_CHARS = 20_000
 PUBLIC_PATHS = {"/health"}
 ENDPOINTS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/predict",
              "/openapi.json", "/docs", "/redoc"}
@@ -230,6 +231,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
     metrics.running.set_function(lambda: batcher.running)
     context = getattr(getattr(generator, "target", None), "max_positions", None)
     has_draft = getattr(generator, "drafter", None) is not None
+    draft_name = (settings.draft_name or "draft") if has_draft else None
     default_k = getattr(generator, "num_speculative_tokens", 0)
     names = {model_name, *settings.model_aliases}
     created = int(time.time())
@@ -272,13 +274,19 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
             raise APIError(404, f"the model {requested!r} does not exist: this server serves {model_name!r}",
                            "not_found_error", "model", "model_not_found")
 
-    def encode(text: str, param: str, special: bool = True) -> list[int]:
+    def tokenize(text: str, special: bool) -> list[int]:
+        # Plain prompts are encoded exactly as the engine encodes them; a chat template holds its own specials.
+        return tokenizer(text)["input_ids"] if special else tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    async def encode(text: str, param: str, special: bool = True) -> list[int]:
         if len(text) > settings.max_prompt_chars:
             raise bad_request(f"{param} is longer than {settings.max_prompt_chars} characters", param,
                               "context_length_exceeded")
         try:
-            # Plain prompts are encoded exactly as the engine encodes them; a chat template holds its own specials.
-            ids = tokenizer(text)["input_ids"] if special else tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(text) > LONG_TEXT_CHARS:  # long texts are tokenized off the event loop
+                ids = await asyncio.to_thread(tokenize, text, special)
+            else:
+                ids = tokenize(text, special)
         except Exception as exc:  # e.g. lone surrogates the tokenizer cannot encode
             raise bad_request(f"{param} could not be tokenized: {type(exc).__name__}", param) from None
         if not ids:
@@ -391,7 +399,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
 
     def speculative(done: Done) -> SpeculativeStats:
         s = done.stats
-        return SpeculativeStats(draft_model=settings.draft_name if has_draft else None,
+        return SpeculativeStats(draft_model=draft_name,
                                 num_speculative_tokens=s.num_speculative_tokens, acceptance_rate=s.acceptance_rate,
                                 mean_accepted_length=s.mean_accepted_length, proposed_tokens=s.proposed_tokens,
                                 accepted_tokens=s.accepted_tokens, verification_steps=s.verification_steps,
@@ -488,7 +496,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
         prompts = []
         for i, text in enumerate(texts):
             param = "prompt" if len(texts) == 1 else f"prompt[{i}]"
-            ids = encode(text, param)
+            ids = await encode(text, param)
             check_length(ids, max_tokens, param, "max_tokens")
             prompts.append(ids)
         job = make_job(body, prompts, [max_tokens] * len(prompts))
@@ -532,7 +540,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
         except Exception as exc:  # the template rejected the conversation (roles out of order, ...)
             raise bad_request(f"messages could not be formatted with the model's chat template: {exc}",
                               "messages") from None
-        ids = encode(text, "messages", special=False)
+        ids = await encode(text, "messages", special=False)
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         if requested is None:
@@ -579,7 +587,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
         if requested is None:
             param, requested = "max_new_tokens", min(settings.default_predict_tokens, settings.max_tokens_limit)
         max_tokens = check_max_tokens(requested, param)
-        ids = encode(body.prompt, "prompt")
+        ids = await encode(body.prompt, "prompt")
         check_length(ids, max_tokens, "prompt", param)
         job = make_job(body, [ids], [max_tokens])
         done = await gone_safe(run_job(job, request, deadline))
@@ -597,7 +605,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
             return Response(status_code=499)
 
     def card() -> ModelCard:
-        return ModelCard(id=model_name, created=created, draft=settings.draft_name if has_draft else None,
+        return ModelCard(id=model_name, created=created, draft=draft_name,
                          num_speculative_tokens=default_k if has_draft else 0, max_model_len=context)
 
     @app.get("/v1/models", response_model=ModelList, responses={401: ERROR_RESPONSES[401]})
