@@ -344,3 +344,19 @@ def test_prompt_lookup_drafter_greedy_equals_target_and_copies_repeats(models):
     assert result.stats.draft_forward_calls == 0
     assert drafter._lookup([5, 6, 7, 8, 5, 6], 3) == [7, 8, 5]  # what followed the last "5 6"
     assert drafter._lookup([1, 2, 3], 2) == [3, 3]  # nothing to copy: repeat the last token
+
+
+def test_quantized_and_prepacked_models_work_as_target_and_draft(models):
+    """int8 drafts (lossless: only q changes) and prepacked targets (same function up to fp32 rounding)."""
+    from specdecode.models.optimize import prepack_linear_layers, quantize_dynamic_int8
+
+    target, draft = models
+    int8_draft = quantize_dynamic_int8(draft)
+    reference = hf_greedy(target, PROMPT, 16)
+    result = SpeculativeGenerator(target, int8_draft, num_speculative_tokens=3).generate(
+        [PROMPT, [1]], max_new_tokens=16, temperature=0.0, ignore_eos=True)
+    assert result.token_ids[0] == reference
+    packed = prepack_linear_layers(copy.deepcopy(target))
+    result = SpeculativeGenerator(packed, int8_draft, num_speculative_tokens=3).generate(
+        PROMPT, max_new_tokens=16, temperature=0.0, ignore_eos=True)
+    assert result.token_ids[0] == reference

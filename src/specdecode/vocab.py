@@ -7,6 +7,8 @@ models are restricted to the tokenizer's vocabulary: p and q then live on the sa
 
 from __future__ import annotations
 
+import torch
+
 
 class VocabularyMismatchError(ValueError):
     pass
@@ -16,7 +18,11 @@ def embedding_rows(model) -> int | None:
     if hasattr(model, "vocab_size") and not hasattr(model, "get_output_embeddings"):
         return model.vocab_size  # a backend or drafter (None: it adopts the target's vocabulary)
     output = model.get_output_embeddings()
-    return output.weight.shape[0] if output is not None else model.config.vocab_size
+    # out_features also exists on quantized and prepacked Linear layers, whose .weight is not a tensor
+    rows = getattr(output, "out_features", None)
+    if rows is None and isinstance(getattr(output, "weight", None), torch.Tensor):
+        rows = output.weight.shape[0]
+    return rows if rows is not None else model.config.vocab_size
 
 
 def check_same_tokenizer(target_tokenizer, draft_tokenizer) -> None:

@@ -19,13 +19,15 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+from ..vocab import embedding_rows
+
 
 class HFBackend:
     def __init__(self, model, vocab_size: int | None = None):
         self.model = model.eval()
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.config = config
-        self.vocab_size = vocab_size or model.get_output_embeddings().weight.shape[0]
+        self.vocab_size = vocab_size or embedding_rows(model)
         self.device = next(model.parameters()).device
         self.max_positions = getattr(config, "max_position_embeddings", None)
         params = inspect.signature(model.forward).parameters

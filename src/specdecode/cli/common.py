@@ -39,6 +39,11 @@ def user_errors():
         raise
     except (CLIError, ValueError, FileNotFoundError, RuntimeError, ImportError, OSError) as e:
         fail(escape(one_line(str(e))) if str(e).strip() else type(e).__name__)
+    except Exception as e:  # a bug, not bad input: still one line, with the way to the traceback
+        if os.environ.get("SPECDECODE_DEBUG"):
+            raise
+        fail(escape(f"internal error ({type(e).__name__}: {one_line(str(e))}); set SPECDECODE_DEBUG=1 for the "
+                    f"traceback and please report it"))
 
 
 def one_line(message: str) -> str:
