@@ -82,13 +82,17 @@ def _locate(name_or_path: str, progress: bool) -> tuple[str, dict]:
 
 
 def load_model(name_or_path, device: str = "cpu", dtype="auto", trust_remote_code: bool = False,
-               device_map: str | None = None, quantize: str | None = None, progress: bool = True) -> LoadedModel:
+               device_map: str | None = None, quantize: str | None = None, prepack: bool = False,
+               progress: bool = True) -> LoadedModel:
     """Load a causal LM and its tokenizer offline.
 
     name_or_path: a built-in name (see `specdecode models list`), a local HF directory, a .gguf file, or a hub
     id already in the local HF cache; a transformers model passes through. quantize: "int8" (CPU: torch's
     dynamic int8 Linear layers; CUDA: bitsandbytes) or "int4" (CUDA, bitsandbytes). Quantizing only the draft
-    keeps the output exactly the target's distribution.
+    keeps the output exactly the target's distribution. prepack: on the CPU, store fp32 Linear weights in
+    oneDNN's blocked layout, which makes a forward of a few tokens (speculative verification) cost about one
+    decode step; the same function up to fp32 rounding (see models/optimize.py). Ignored off the CPU, for
+    quantized models, and for non-fp32 models.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
@@ -125,6 +129,10 @@ def load_model(name_or_path, device: str = "cpu", dtype="auto", trust_remote_cod
     model.eval()
     if quantize and not on_cuda:
         model = _quantize_cpu(model, quantize)
+    elif prepack and not on_cuda and torch_dtype == torch.float32 and torch.backends.mkldnn.is_available():
+        from .optimize import prepack_linear_layers
+
+        model = prepack_linear_layers(model)
     tokenizer_kwargs = {k: v for k, v in extra.items()}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **tokenizer_kwargs)
