@@ -360,3 +360,19 @@ def test_quantized_and_prepacked_models_work_as_target_and_draft(models):
     result = SpeculativeGenerator(packed, int8_draft, num_speculative_tokens=3).generate(
         PROMPT, max_new_tokens=16, temperature=0.0, ignore_eos=True)
     assert result.token_ids[0] == reference
+
+
+def test_per_row_statistics_and_a_row_that_ends_on_its_first_token(models):
+    target, draft = models
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3)
+    generator.generate([PROMPT], max_new_tokens=5, temperature=0.0, ignore_eos=True)
+    # a bigger batch next, whose first row finishes at the prefill (drafter state of the last call must not leak)
+    result = generator.generate([PROMPT, [1, 2], [3]], max_new_tokens=[1, 9, 9], temperature=0.0, ignore_eos=True)
+    assert [len(t) for t in result.token_ids] == [1, 9, 9]
+    rows = result.row_stats
+    assert rows[0].verification_steps == 0 and rows[0].new_tokens == 1
+    assert sum(r.proposed_tokens for r in rows) == result.stats.proposed_tokens
+    assert sum(r.accepted_tokens for r in rows) == result.stats.accepted_tokens
+    assert sum(r.verification_steps for r in rows) == result.stats.verification_steps
+    assert rows[1].mean_accepted_length == pytest.approx(8 / rows[1].verification_steps)
+    assert generator.has_draft and generator.context_length == 512 and generator.vocab_size == 128

@@ -16,7 +16,7 @@ from .backends.hf import HFBackend
 from .detokenize import IncrementalDetokenizer
 from .drafters.model import ModelDrafter, pad
 from .rejection import METHODS, verify, verify_greedy
-from .results import GenerationResult, Stats, TokenEvent
+from .results import GenerationResult, RowStats, Stats, TokenEvent
 from .sampling import SamplingParams, greedy, logits_to_probs, sample
 from .vocab import shared_vocab_size
 
@@ -35,6 +35,7 @@ class _Row:
     provenance: list[str] = field(default_factory=list)
     finish_reason: str | None = None
     stop_at: int | None = None  # where a stop string begins in the row's text
+    stats: RowStats = field(default_factory=RowStats)
 
     @property
     def remaining(self) -> int:
@@ -122,6 +123,25 @@ class SpeculativeGenerator:
         self.eos_token_ids = _eos_ids(getattr(self.target, "model", None), self.tokenizer)
 
     # ------------------------------------------------------------------ public API
+    @property
+    def has_draft(self) -> bool:
+        return self.drafter is not None
+
+    @property
+    def context_length(self) -> int | None:
+        """The target's context window in tokens (prompt + new tokens), when the model says."""
+        return self.target.max_positions
+
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary that p and q are defined on (the tokenizer's, when known)."""
+        return self.target.vocab_size
+
+    @property
+    def target_model(self):
+        """The target's transformers model (None for a non-transformers backend)."""
+        return getattr(self.target, "model", None)
+
     def generate(self, prompts: Prompts, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None, ignore_eos: bool = False,
                  stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
@@ -226,6 +246,9 @@ class SpeculativeGenerator:
                 stats.accepted_per_position[i] += sum(a > i for a in accepted_l)
             events = []
             for row, d, a, t in zip(active, drafts_l, accepted_l, next_l):
+                row.stats.proposed_tokens += k
+                row.stats.accepted_tokens += a
+                row.stats.verification_steps += 1
                 last_kind = "target" if k == 0 else self.provenance_of_last[a == k]
                 events += self._emit(row, d[:a] + [t], ["accepted"] * a + [last_kind], stop_ids, stops)
             active = self._drop_finished(active, cancelled)
@@ -235,6 +258,8 @@ class SpeculativeGenerator:
             stats.other_time_s += t3 - t2
             yield events
 
+        for row in rows:
+            row.stats.new_tokens = len(row.tokens)
         stats.new_tokens = sum(len(r.tokens) for r in rows)
         stats.wall_time_s = time.perf_counter() - start
         return self._result(rows, stats)
@@ -313,7 +338,8 @@ class SpeculativeGenerator:
                 texts.append(text[: row.stop_at] if row.stop_at is not None else text)
         return GenerationResult(token_ids=[r.tokens for r in rows], texts=texts, stats=stats,
                                 finish_reasons=[r.finish_reason for r in rows],
-                                provenance=[r.provenance for r in rows], prompt_token_ids=[r.prompt for r in rows])
+                                provenance=[r.provenance for r in rows], prompt_token_ids=[r.prompt for r in rows],
+                                row_stats=[r.stats for r in rows])
 
 
 class AutoregressiveGenerator(SpeculativeGenerator):

@@ -22,7 +22,7 @@ class TokenEvent:
     provenance: Provenance
     text: str | None = None  # the text this token adds to the row (may be "" while a character is incomplete)
     finished: bool = False  # True on the row's last token
-    finish_reason: str | None = None  # "length" | "stop" | "eos" on the last token
+    finish_reason: str | None = None  # "length" | "stop" (EOS, a stop string or stop token) on the last token
 
 
 @dataclass
@@ -84,6 +84,27 @@ class Stats:
 
 
 @dataclass
+class RowStats:
+    """One row's own share of the counters (a server reports these per request)."""
+
+    new_tokens: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    verification_steps: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.proposed_tokens if self.proposed_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return (self.new_tokens - 1) / self.verification_steps if self.verification_steps else 0.0
+
+    def to_dict(self) -> dict:
+        return dict(asdict(self), acceptance_rate=self.acceptance_rate, mean_accepted_length=self.mean_accepted_length)
+
+
+@dataclass
 class GenerationResult:
     """token_ids[i] holds only the NEW tokens of row i; texts is None when no tokenizer is known."""
 
@@ -93,3 +114,4 @@ class GenerationResult:
     finish_reasons: list[str]
     provenance: list[list[str]]
     prompt_token_ids: list[list[int]] = field(default_factory=list)
+    row_stats: list[RowStats] = field(default_factory=list)

@@ -44,6 +44,7 @@ class ModelDrafter:
         self.backend.forward(input_ids, valid, last_only=True)
         self.forward_calls += 1
         self._pending = [[] for _ in range(input_ids.shape[0])]
+        self._fed = []
         self._proposed = 0
 
     def propose(self, k: int, params: SamplingParams, generator):

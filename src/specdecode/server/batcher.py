@@ -248,7 +248,6 @@ class Batcher:
                 prompts.append(ids)
                 limits.append(limit)
                 owner.append((job, i))
-        _forget_stale_draft_state(self.generator)
         try:
             stream = self.generator.stream(prompts, max_new_tokens=limits, temperature=head.temperature,
                                            top_k=head.top_k, top_p=head.top_p, seed=head.seed,
@@ -293,14 +292,3 @@ class Batcher:
             job.post(Done(texts, result.token_ids[rows], result.finish_reasons[rows],
                           [len(p) for p in result.prompt_token_ids[rows]], result.stats, len(prompts)))
 
-
-def _forget_stale_draft_state(generator) -> None:
-    """Work around ModelDrafter.prefill not resetting `_fed` (the per-row cache lengths of the last proposal).
-
-    If a row finishes on its first token (max_tokens=1, EOS or a stop string), the engine drops it with
-    `drafter.select_rows` before any proposal, which indexes `_fed` left over from the previous batch: an
-    IndexError when that batch had fewer rows. An empty `_fed` is what a fresh drafter has; propose() refills it.
-    """
-    drafter = getattr(generator, "drafter", None)
-    if drafter is not None and isinstance(getattr(drafter, "_fed", None), list):
-        drafter._fed = []
