@@ -398,11 +398,16 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
             raise
 
     def speculative(done: Done) -> SpeculativeStats:
-        s = done.stats
-        return SpeculativeStats(draft_model=draft_name,
-                                num_speculative_tokens=s.num_speculative_tokens, acceptance_rate=s.acceptance_rate,
-                                mean_accepted_length=s.mean_accepted_length, proposed_tokens=s.proposed_tokens,
-                                accepted_tokens=s.accepted_tokens, verification_steps=s.verification_steps,
+        """This request's own counters (its rows of the engine batch), plus the batch's call count and time."""
+        s, rows = done.stats, done.row_stats
+        proposed = sum(r.proposed_tokens for r in rows)
+        accepted = sum(r.accepted_tokens for r in rows)
+        steps = sum(r.verification_steps for r in rows)
+        emitted = sum(r.new_tokens - 1 for r in rows if r.new_tokens)
+        return SpeculativeStats(draft_model=draft_name, num_speculative_tokens=s.num_speculative_tokens,
+                                acceptance_rate=accepted / proposed if proposed else 0.0,
+                                mean_accepted_length=emitted / steps if steps else 0.0, proposed_tokens=proposed,
+                                accepted_tokens=accepted, verification_steps=steps,
                                 target_forward_calls=s.target_forward_calls, batch_size=done.batch_size,
                                 wall_time_s=s.wall_time_s)
 

@@ -59,6 +59,7 @@ class Done:
     prompt_tokens: list[int]
     stats: Any  # the engine's Stats for the whole batch
     batch_size: int
+    row_stats: list = field(default_factory=list)  # the engine's RowStats of this request's own prompts
 
 
 @dataclass(frozen=True)
@@ -290,5 +291,6 @@ class Batcher:
                 continue
             texts = result.texts[rows] if result.texts is not None else [""] * n
             job.post(Done(texts, result.token_ids[rows], result.finish_reasons[rows],
-                          [len(p) for p in result.prompt_token_ids[rows]], result.stats, len(prompts)))
+                          [len(p) for p in result.prompt_token_ids[rows]], result.stats, len(prompts),
+                          result.row_stats[rows]))
 

@@ -159,7 +159,7 @@ class Usage(BaseModel):
 
 
 class SpeculativeStats(BaseModel):
-    """Statistics of the engine batch the request ran in (exactly the request's own when it ran alone)."""
+    """Speculative statistics of this request's prompts; target_forward_calls and wall_time_s are its batch's."""
 
     draft_model: Optional[str] = None
     num_speculative_tokens: int
