@@ -13,9 +13,7 @@ import pty
 import re
 import shutil
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -69,7 +67,8 @@ def test_help_lists_the_commands():
     result = ok("generate", "--help")
     for flag in ("--target", "--draft", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--seed",
                  "--chat", "--prompts-file", "--batch-size", "--verbose", "--no-stream", "--json", "--device",
-                 "--dtype", "--stop", "--ignore-eos", "--method", "--draft-quantize", "--threads"):
+                 "--dtype", "--stop", "--ignore-eos", "--method", "--draft-quantize", "--threads", "--no-prepack",
+                 "--quantize", "--device-map", "--trust-remote-code", "--echo"):
         assert flag in result.output, flag
 
 
@@ -132,9 +131,9 @@ def test_prompts_file_batches_keep_order(pair, tmp_path):
     assert records[0]["stats"] == records[1]["stats"] and records[0]["stats"]["num_rows"] == 2
     assert records[2]["stats"]["num_rows"] == 1
     # Each row of a batch gets what it gets alone (greedy).
-    for prompt, record in zip(prompts, records):
-        [alone] = json_lines(ok("generate", prompt, *pair, "-n", 6, "--json"))
-        assert alone["token_ids"] == record["token_ids"], prompt
+    alone = json_lines(ok("generate", "--prompts-file", path, "--batch-size", 1, *pair, "-n", 6, "--json"))
+    assert [r["batch"] for r in alone] == [0, 1, 2] and all(r["stats"]["num_rows"] == 1 for r in alone)
+    assert [r["token_ids"] for r in alone] == [r["token_ids"] for r in records]
     # The text mode prints the completions in prompt order too.
     text = ok("generate", "-f", path, "-b", 2, *pair, "-n", 6, "--no-echo").stdout
     expected = "".join(r["text"] + ("" if r["text"].endswith("\n") else "\n") for r in records)
@@ -211,6 +210,13 @@ def test_dtype_threads_and_device_options(pair):
     [record] = json_lines(ok("generate", "x = 1", *pair, "-n", 3, "--json", "--device", "cpu", "--dtype",
                              "bfloat16", "--threads", 1))
     assert len(record["token_ids"]) <= 3
+
+
+def test_prepack_keeps_the_greedy_output(pair):
+    args = ["generate", "def quicksort(arr):", *pair, "-n", 10, "--ignore-eos", "--json"]
+    [packed] = json_lines(ok(*args, "--prepack"))
+    [unpacked] = json_lines(ok(*args, "--no-prepack"))
+    assert packed["token_ids"] == unpacked["token_ids"]
 
 
 def test_int8_draft(pair, target_only, tiny_model_dirs):
@@ -457,7 +463,7 @@ def _colour_codes(text: str) -> set[str]:
 
 def test_console_script_colours_only_on_a_terminal_without_no_color(pair):
     script = shutil.which("specdecode") or pytest.skip("the specdecode console script is not on PATH")
-    args = [script, "generate", "def quicksort(arr):", *pair, "-n", 12, "--ignore-eos", "-v"]
+    args = [script, "generate", "def quicksort(arr):", *pair, "-n", 8, "--ignore-eos", "-v"]
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "TERM")}
     env.update(HF_HUB_OFFLINE="1", TERM="xterm-256color", COLUMNS="120")
     # The two runs overlap: each pays the interpreter and torch start-up, which dominates.
@@ -467,7 +473,8 @@ def test_console_script_colours_only_on_a_terminal_without_no_color(pair):
     assert coloured[0].returncode == 0 and plain[0].returncode == 0, coloured_out + plain_out
     # On a terminal: the first token is the target's (magenta), and the legend is coloured.
     assert "35" in _colour_codes(coloured_out) and "32" in _colour_codes(coloured_out)
-    assert "\x1b[1mdef quicksort(arr):" in coloured_out  # the echoed prompt, in bold
+    # The echoed prompt in bold, then the first new token, the target's own, in magenta.
+    assert "\x1b[1mdef quicksort(arr):\x1b[0m\x1b[35m" in coloured_out
     assert "acceptance rate" in coloured_out
     # NO_COLOR: the same run with no colour at all, the same text.
     assert _colour_codes(plain_out) == set() and "acceptance rate" in plain_out and "legend" in plain_out

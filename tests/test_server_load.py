@@ -113,16 +113,17 @@ def test_concurrent_load_is_served_exactly(tiny_pair, tokenizer):
 
 
 def test_full_queue_answers_429_with_retry_after(tiny_pair, tokenizer):
-    with serve_slow(tiny_pair, tokenizer, delay=0.02, max_batch_size=1, max_queue=2, max_tokens_limit=16) as srv:
+    # one request at a time, each ~0.4 s: 16 arriving together overflow a queue of 2
+    with serve_slow(tiny_pair, tokenizer, delay=0.05, max_batch_size=1, max_queue=2, max_tokens_limit=16) as srv:
         async def run():
             async with httpx.AsyncClient(base_url=srv.url, timeout=60) as http:
-                return await asyncio.gather(*(http.post("/v1/completions", json={"prompt": f"p{i}", "max_tokens": 5})
-                                              for i in range(12)))
+                return await asyncio.gather(*(http.post("/v1/completions", json={"prompt": f"p{i}", "max_tokens": 8})
+                                              for i in range(16)))
 
         responses = asyncio.run(run())
         codes = sorted(r.status_code for r in responses)
         assert set(codes) == {200, 429}, codes
-        assert codes.count(200) >= 3  # the running one and the two queued ones, at least
+        assert codes.count(200) >= 2  # the queue's capacity at least
         for r in responses:
             if r.status_code == 429:
                 assert int(r.headers["retry-after"]) >= 1

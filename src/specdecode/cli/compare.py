@@ -10,7 +10,7 @@ import typer
 
 from .app import app
 from .common import (CLIError, DeviceMapOpt, DeviceOpt, DraftOpt, DraftQuantizeOpt, DtypeOpt, KOpt, MethodOpt,
-                     ModelOptions, PROVENANCE_STYLES, QuantizeOpt, TargetOpt, ThreadsOpt, TrustOpt,
+                     ModelOptions, PrepackOpt, PROVENANCE_STYLES, QuantizeOpt, TargetOpt, ThreadsOpt, TrustOpt,
                      check_generation_args, check_model_options, encode_chat, err, legend, load_pair,
                      make_generator, out, quiet_transformers, read_prompts, user_errors)
 
@@ -44,6 +44,7 @@ def compare(
     draft_quantize: Optional[str] = DraftQuantizeOpt,
     trust_remote_code: bool = TrustOpt,
     threads: Optional[int] = ThreadsOpt,
+    prepack: bool = PrepackOpt,
 ) -> None:
     """Decode the prompt with the target alone, then speculatively; show both with their speed and the speedup.
 
@@ -51,7 +52,7 @@ def compare(
     """
     opts = ModelOptions(target=target, draft=draft, device=device, dtype=dtype, device_map=device_map,
                         quantize=quantize, draft_quantize=draft_quantize, trust_remote_code=trust_remote_code,
-                        threads=threads)
+                        threads=threads, prepack=prepack)
     with user_errors():
         check_generation_args(temperature, top_k, top_p, max_new_tokens, k=k, method=method, stop=stop)
         if not opts.has_draft:

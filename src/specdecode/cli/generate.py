@@ -10,10 +10,9 @@ import typer
 
 from .app import app
 from .common import (DeviceMapOpt, DeviceOpt, DraftOpt, DraftQuantizeOpt, DtypeOpt, KOpt, MethodOpt, ModelOptions,
-                     QuantizeOpt, TargetOpt, ThreadsOpt, TrustOpt, PROVENANCE_STYLES, check_generation_args,
+                     PrepackOpt, QuantizeOpt, TargetOpt, ThreadsOpt, TrustOpt, PROVENANCE_STYLES, check_generation_args,
                      check_model_options, encode_chat, err, legend, load_pair, make_generator, quiet_transformers,
-                     read_prompts,
-                     stats_table, sum_stats, use_color, user_errors)
+                     read_prompts, stats_table, sum_stats, use_color, user_errors)
 
 
 def _sgr(style: str):
@@ -160,6 +159,7 @@ def generate(
     draft_quantize: Optional[str] = DraftQuantizeOpt,
     trust_remote_code: bool = TrustOpt,
     threads: Optional[int] = ThreadsOpt,
+    prepack: bool = PrepackOpt,
 ) -> None:
     """Generate text with speculative decoding: exactly the target model's output distribution, faster.
 
@@ -167,7 +167,7 @@ def generate(
     """
     opts = ModelOptions(target=target, draft=draft, device=device, dtype=dtype, device_map=device_map,
                         quantize=quantize, draft_quantize=draft_quantize, trust_remote_code=trust_remote_code,
-                        threads=threads)
+                        threads=threads, prepack=prepack)
     with user_errors():
         check_generation_args(temperature, top_k, top_p, max_new_tokens, k=k, method=method, stop=stop,
                               batch_size=batch_size)
