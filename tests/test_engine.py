@@ -134,14 +134,14 @@ def test_stream_yields_every_token_with_provenance(models, tokenizer):
 
 
 def test_stream_text_deltas_add_up_to_the_text(tiny_pair, tokenizer):
+    """Including a last token that ends in the middle of a multi-byte character (random models emit those)."""
     target, draft = tiny_pair
     generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3, tokenizer=tokenizer)
     seen = []
     result = generator.generate(["def quicksort(arr):", "The quick"], max_new_tokens=25, temperature=1.0, seed=3,
                                 ignore_eos=True, on_token=seen.append)
     for row in (0, 1):
-        streamed = "".join(e.text for e in seen if e.row == row)
-        assert result.texts[row].startswith(streamed) and len(result.texts[row]) - len(streamed) <= 2
+        assert "".join(e.text for e in seen if e.row == row) == result.texts[row]
     assert result.texts[0] == tokenizer.decode(result.token_ids[0], skip_special_tokens=True)
 
 

@@ -1,20 +1,29 @@
-"""specdecode: lossless speculative decoding for Hugging Face causal language models."""
+"""specdecode: lossless speculative decoding for Hugging Face causal language models.
 
-from .drafters import ModelDrafter, PromptLookupDrafter
-from .engine import AutoregressiveGenerator, SpeculativeGenerator, TokenStream
-from .results import GenerationResult, Stats, TokenEvent
-from .sampling import SamplingParams
-from .vocab import VocabularyMismatchError
+Names are imported on first use, so that `specdecode --help` and argument errors do not wait for torch.
+"""
+
+from importlib import import_module
 
 __version__ = "0.1.0"
 
+_EXPORTS = {
+    "SpeculativeGenerator": "engine", "AutoregressiveGenerator": "engine", "TokenStream": "engine",
+    "GenerationResult": "results", "Stats": "results", "RowStats": "results", "TokenEvent": "results",
+    "SamplingParams": "sampling", "VocabularyMismatchError": "vocab",
+    "ModelDrafter": "drafters", "PromptLookupDrafter": "drafters",
+    "load_model": "models.loading", "LoadedModel": "models.loading",
+}
+__all__ = [*_EXPORTS, "__version__"]
 
-def load_model(*args, **kwargs):
-    """Load a model and its tokenizer (see specdecode.models.loading.load_model)."""
-    from .models.loading import load_model as _load
 
-    return _load(*args, **kwargs)
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'specdecode' has no attribute {name!r}")
 
 
-__all__ = ["ModelDrafter", "PromptLookupDrafter", "AutoregressiveGenerator", "SpeculativeGenerator", "TokenStream", "GenerationResult", "Stats",
-           "TokenEvent", "SamplingParams", "VocabularyMismatchError", "load_model", "__version__"]
+def __dir__():
+    return sorted(__all__)

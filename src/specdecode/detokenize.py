@@ -7,7 +7,8 @@ class IncrementalDetokenizer:
     """Decodes a growing token list; holds back text while a multi-byte character is still incomplete.
 
     Decoding a token alone can differ from its text in context (leading spaces, byte-level pieces), so each
-    call decodes a short window that starts a few tokens back and keeps only what is new.
+    call decodes a short window that starts a few tokens back and keeps only what is new. `text` is the
+    continuation as it reads after the prompt, and it is what the engine returns as the row's text.
     """
 
     def __init__(self, tokenizer, prompt_ids: list[int] | None = None):
@@ -29,5 +30,13 @@ class IncrementalDetokenizer:
         delta = full[len(prefix):]
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.tokens)
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        """Release what is held back (an incomplete character at the very end), when the row finishes."""
+        prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
+        delta = self._decode(self.tokens[self.prefix_offset:])[len(prefix):]
+        self.prefix_offset = self.read_offset = len(self.tokens)
         self.text += delta
         return delta

@@ -142,7 +142,7 @@ class SpeculativeGenerator:
         """The target's transformers model (None for a non-transformers backend)."""
         return getattr(self.target, "model", None)
 
-    def generate(self, prompts: Prompts, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
+    def generate(self, prompts: Prompts, max_new_tokens: int | Sequence[int] = 64, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None, ignore_eos: bool = False,
                  stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
                  num_speculative_tokens: int | None = None,
@@ -290,6 +290,8 @@ class SpeculativeGenerator:
             elif row.remaining == 0:
                 row.finish_reason = "length"
             done = row.finish_reason is not None
+            if done and row.detok is not None and row.stop_at is None:
+                text += row.detok.flush()
             events.append(TokenEvent(row.index, token, kind, text, done, row.finish_reason))
             if done:
                 break
@@ -334,8 +336,9 @@ class SpeculativeGenerator:
         if self.tokenizer is not None:
             texts = []
             for row in rows:
-                text = self.tokenizer.decode(row.tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-                texts.append(text[: row.stop_at] if row.stop_at is not None else text)
+                if row.stop_at is None:
+                    row.detok.flush()
+                texts.append(row.detok.text[: row.stop_at] if row.stop_at is not None else row.detok.text)
         return GenerationResult(token_ids=[r.tokens for r in rows], texts=texts, stats=stats,
                                 finish_reasons=[r.finish_reason for r in rows],
                                 provenance=[r.provenance for r in rows], prompt_token_ids=[r.prompt for r in rows],
