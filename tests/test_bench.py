@@ -266,3 +266,37 @@ def test_bench_latency(tiny_model_dirs, tmp_path, one_thread):
     assert report["target_alone"]["ms_per_token"] > 0 and report["target_alone"]["step_ms"] > 0
     assert [row["k"] for row in report["with_draft"]] == [1, 2]
     assert all(row["ms_per_token"] > 0 and row["draft_step_ms"] > 0 for row in report["with_draft"])
+
+
+def test_bench_with_prompt_lookup_compares_with_transformers_prompt_lookup(tiny_model_dirs, tmp_path):
+    from typer.testing import CliRunner
+
+    from specdecode.cli.app import app
+
+    out = tmp_path / "lookup.json"
+    result = CliRunner().invoke(app, ["bench", "--target", tiny_model_dirs["target"], "--draft", "prompt-lookup",
+                                      "--prompts", "edit", "--nb-prompts", "1", "-n", "8", "--runs", "1",
+                                      "--warmup", "0", "-k", "2", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    methods = json.loads(out.read_text())["methods"]
+    assert set(methods) >= {"specdecode", "specdecode-plain", "hf-plain", "hf-assisted"}
+    assert methods["specdecode"]["tokens_per_second"] > 0 and methods["hf-assisted"]["tokens_per_second"] > 0
+
+
+def test_bench_runs_transformers_on_stock_models_by_default(tiny_model_dirs, tmp_path):
+    """Peers run on the models as transformers loads them; --peer-models same runs them on ours."""
+    from typer.testing import CliRunner
+
+    from specdecode.cli.app import app
+
+    base = ["bench", "--target", tiny_model_dirs["target"], "--draft", tiny_model_dirs["draft"], "--prompts", "code",
+            "--nb-prompts", "1", "-n", "6", "--runs", "1", "--warmup", "0", "-k", "2"]
+    for peers in ("stock", "same"):
+        out = tmp_path / f"{peers}.json"
+        result = CliRunner().invoke(app, base + ["--peer-models", peers, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        report = json.loads(out.read_text())
+        assert report["config"]["peer_models"] == peers
+        assert report["methods"]["hf-assisted"]["tokens_per_second"] > 0
+    result = CliRunner().invoke(app, base + ["--peer-models", "borrowed"])
+    assert result.exit_code != 0 and "--peer-models" in result.output

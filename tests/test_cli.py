@@ -109,6 +109,14 @@ def test_greedy_speculative_equals_plain_decoding(pair, target_only, method, k):
     assert spec["stats"]["target_forward_calls"] < plain["stats"]["target_forward_calls"]
 
 
+def test_prompt_lookup_draft_equals_plain_decoding(tiny_model_dirs, target_only):
+    args = ["generate", "def quicksort(arr):\n    return quicksort(arr)", "-n", 16, "--ignore-eos", "--json"]
+    [lookup] = json_lines(ok(*args, "--target", tiny_model_dirs["target"], "--draft", "prompt-lookup", "-k", 3))
+    [plain] = json_lines(ok(*args, *target_only))
+    assert lookup["token_ids"] == plain["token_ids"]
+    assert lookup["stats"]["draft_forward_calls"] == 0 and lookup["stats"]["proposed_tokens"] > 0
+
+
 def test_streamed_text_matches_json_text(pair):
     prompt = "import numpy as np\n"
     [record] = json_lines(ok("generate", prompt, *pair, "-n", 10, "--json"))

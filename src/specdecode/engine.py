@@ -184,8 +184,11 @@ class SpeculativeGenerator:
     # ------------------------------------------------------------------ the loop
     def _run(self, prompt_ids, limits, params, seed, stop_ids, stops, k_max, cancelled):
         device = self.target.device
-        generator = torch.Generator(device=device)
-        generator.manual_seed(seed) if seed is not None else generator.seed()
+        generator = torch.Generator(device=device)  # the call's own randomness: seeded once, here
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
         rows = [_Row(i, p, limit, IncrementalDetokenizer(self.tokenizer, p) if self.tokenizer else None)
                 for i, (p, limit) in enumerate(zip(prompt_ids, limits))]
         stats = Stats(num_rows=len(rows), prompt_tokens=sum(map(len, prompt_ids)), num_speculative_tokens=k_max,
@@ -237,18 +240,10 @@ class SpeculativeGenerator:
             if self.drafter is not None:
                 self.drafter.update(drafts_l, accepted_l, next_l)
 
-            stats.target_forward_calls += 1
-            stats.verification_steps += len(active)
-            stats.proposed_tokens += k * len(active)
-            stats.accepted_tokens += sum(accepted_l)
-            for i in range(k):
-                stats.proposed_per_position[i] += len(active)
-                stats.accepted_per_position[i] += sum(a > i for a in accepted_l)
+            stats.add_verification(k, accepted_l)
             events = []
             for row, d, a, t in zip(active, drafts_l, accepted_l, next_l):
-                row.stats.proposed_tokens += k
-                row.stats.accepted_tokens += a
-                row.stats.verification_steps += 1
+                row.stats.add_verification(k, a)
                 last_kind = "target" if k == 0 else self.provenance_of_last[a == k]
                 events += self._emit(row, d[:a] + [t], ["accepted"] * a + [last_kind], stop_ids, stops)
             active = self._drop_finished(active, cancelled)

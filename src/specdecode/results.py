@@ -75,6 +75,16 @@ class Stats:
     # The first token of each row comes from the prefill, not from a verification step.
     num_rows_with_first_token: int = 0
 
+    def add_verification(self, k: int, accepted: list[int]) -> None:
+        """One target verification of k drafts for each row; accepted[b] of row b's drafts were kept."""
+        self.target_forward_calls += 1
+        self.verification_steps += len(accepted)
+        self.proposed_tokens += k * len(accepted)
+        self.accepted_tokens += sum(accepted)
+        for i in range(k):
+            self.proposed_per_position[i] += len(accepted)
+            self.accepted_per_position[i] += sum(a > i for a in accepted)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         for name in ("acceptance_rate", "mean_accepted_length", "per_position_acceptance", "tokens_per_second",
@@ -91,6 +101,11 @@ class RowStats:
     proposed_tokens: int = 0
     accepted_tokens: int = 0
     verification_steps: int = 0
+
+    def add_verification(self, k: int, accepted: int) -> None:
+        self.verification_steps += 1
+        self.proposed_tokens += k
+        self.accepted_tokens += accepted
 
     @property
     def acceptance_rate(self) -> float:

@@ -247,8 +247,13 @@ def count_forwards(module, counter: list[int]):
         handle.remove()
 
 
+def _draft_model(draft):
+    """The draft's transformers model; None without a draft or for a model-free drafter (prompt lookup)."""
+    return getattr(draft, "model", None)
+
+
 def run_hf(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float, top_k: int,
-           top_p: float, seed: int, assistant=None, k: int | None = None) -> Record:
+           top_p: float, seed: int, assistant=None, k: int | None = None, prompt_lookup: int | None = None) -> Record:
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -261,6 +266,9 @@ def run_hf(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, t
         kwargs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "generation_config": config,
                   "past_key_values": DynamicCache(config=text_config)}
         ctx = contextlib.ExitStack()
+        if prompt_lookup is not None:
+            kwargs["prompt_lookup_num_tokens"] = prompt_lookup
+            ctx.enter_context(count_forwards(model, target_calls))
         if assistant is not None:
             kwargs["assistant_model"] = assistant
             ctx.enter_context(assistant_settings(assistant, k))
@@ -309,9 +317,13 @@ class Bench:
     """Holds the loaded pair and the generators; `run()` produces the report (a JSON-ready dict)."""
 
     def __init__(self, target, draft, prompt_ids: list[list[int]], settings: BenchSettings,
-                 info: dict | None = None):
+                 info: dict | None = None, peer_target=None, peer_draft=None):
+        """peer_target / peer_draft: the models transformers' methods run on, when they differ from ours (a
+        transformers user loads plain fp32 models, without our prepacking or draft quantization)."""
         settings.check()
         self.target, self.draft = target, draft
+        self.peer_target = peer_target or target
+        self.peer_draft = peer_draft or draft
         self.prompt_ids = prompt_ids
         self.settings = settings
         self.info = dict(info or {})
@@ -341,21 +353,23 @@ class Bench:
     def _run_unit(self, unit: Unit, prompt_ids: list[list[int]], seed: int) -> Record:
         s = self.settings
         args = (prompt_ids, s.max_new_tokens, unit.temperature, s.top_k, s.top_p, seed)
-        target_model, tokenizer = self.target.model, self.target.tokenizer
+        target_model, tokenizer = self.peer_target.model, self.target.tokenizer
         if unit.method == "specdecode-plain":
             return run_ours(self.plain, *args)
         if unit.method == "specdecode":
             return run_ours(self.spec, *args, k=unit.k)
         if unit.method == "hf-plain":
             return run_hf(target_model, tokenizer, *args)
-        return run_hf(target_model, tokenizer, *args, assistant=self.draft.model, k=unit.k)
+        if _draft_model(self.peer_draft) is None:  # prompt lookup: transformers has it too
+            return run_hf(target_model, tokenizer, *args, prompt_lookup=unit.k)
+        return run_hf(target_model, tokenizer, *args, assistant=self.peer_draft.model, k=unit.k)
 
     def run(self, progress: Callable[[str], None] | None = None) -> dict:
         s = self.settings
         progress = progress or (lambda _label: None)
         started = time.time()
         cost_ks = sorted(set(s.ks) | set(range(1, max(max(s.ks), 4) + 1)))
-        costs = measure_costs(self.target.model, self.draft.model if self.draft is not None else None,
+        costs = measure_costs(self.target.model, _draft_model(self.draft),
                               self.vocab_size, self.prompt_ids[0], cost_ks, s.cost_repeats)
         progress("step costs")
         records: dict[Unit, list[Record]] = {}
@@ -511,7 +525,7 @@ def measure_latency(target, draft, prompt_ids: list[int], ks: list[int], max_new
     progress = progress or (lambda _label: None)
     plain = AutoregressiveGenerator(target)
     vocab = plain.target.vocab_size
-    costs = measure_costs(target.model, draft.model if draft is not None else None, vocab, prompt_ids, ks, repeats)
+    costs = measure_costs(target.model, _draft_model(draft), vocab, prompt_ids, ks, repeats)
     progress("step costs")
     spec = SpeculativeGenerator(target, draft, num_speculative_tokens=max(ks), method=method) if draft else None
     units = [("plain", None)] + ([("speculative", k) for k in ks] if spec else [])

@@ -17,7 +17,7 @@ import typer
 from . import common
 from .app import app
 from .common import (CLIError, DeviceMapOpt, DeviceOpt, DraftOpt, DraftQuantizeOpt, DtypeOpt, MethodOpt,
-                     ModelOptions, QuantizeOpt, TargetOpt, ThreadsOpt, TrustOpt, err, load_pair, out, user_errors)
+                     ModelOptions, PrepackOpt, QuantizeOpt, TargetOpt, ThreadsOpt, TrustOpt, err, load_pair, out, user_errors)
 
 bench_app = typer.Typer()  # its help is the docstring of bench() below
 app.add_typer(bench_app, name="bench")
@@ -49,10 +49,10 @@ def _float_list(text: str, name: str) -> list[float]:
 
 
 def _model_options(target, draft, device, dtype, device_map, quantize, draft_quantize, trust_remote_code,
-                   threads) -> ModelOptions:
+                   threads, prepack) -> ModelOptions:
     return ModelOptions(target=target, draft=draft, device=device, dtype=dtype, device_map=device_map,
                         quantize=quantize, draft_quantize=draft_quantize, trust_remote_code=trust_remote_code,
-                        threads=threads)
+                        threads=threads, prepack=prepack)
 
 
 def _load(opts: ModelOptions, quiet: bool = False):
@@ -174,6 +174,9 @@ def bench(
     sanity: bool = typer.Option(False, "--sanity", help="Draft = target, greedy: acceptance must be 1.0; reports "
                                 "the loop's overhead."),
     cost_repeats: int = typer.Option(3, "--cost-repeats", help="Forwards timed per step-cost measurement."),
+    peer_models: str = typer.Option("stock", "--peer-models", help="Models transformers' methods run on: stock "
+                                    "(plain fp32, as a transformers user loads them) or same (our prepacked target "
+                                    "and quantized draft, to compare the decoding loops alone)."),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     device_map: Optional[str] = DeviceMapOpt,
@@ -181,6 +184,7 @@ def bench(
     draft_quantize: Optional[str] = DraftQuantizeOpt,
     trust_remote_code: bool = TrustOpt,
     threads: Optional[int] = ThreadsOpt,
+    prepack: bool = PrepackOpt,
 ) -> None:
     """Benchmark plain vs speculative decoding, ours and transformers'.
 
@@ -220,7 +224,7 @@ def bench(
             SamplingParams(t, top_k, top_p)
         texts, prompt_name = _load_prompt_texts(prompts, prompts_file, nb_prompts)
         opts = _model_options(target, None if sanity else draft, device, dtype, device_map, quantize,
-                              draft_quantize, trust_remote_code, threads)
+                              draft_quantize, trust_remote_code, threads, prepack)
         target_model, draft_model = _load(opts, quiet=json_path == "-" and not err.is_terminal)
         if sanity:
             draft_model = target_model
@@ -230,7 +234,9 @@ def bench(
         info = {"target": target, "draft": target if sanity else (draft if opts.has_draft else None),
                 "prompts": prompt_name, "chat": chat, "dtype": dtype, "device": device,
                 "draft_quantize": None if sanity else draft_quantize, "quantize": quantize, "sanity": sanity}
-        runner = Bench(target_model, draft_model, prompt_ids, settings, info)
+        peer_target, peer_draft = _peer_models(peer_models, opts, chosen, sanity)
+        info["peer_models"] = peer_models
+        runner = Bench(target_model, draft_model, prompt_ids, settings, info, peer_target, peer_draft)
         with _progress(runner.total_steps(), "bench") as advance:
             report = runner.run(progress=advance)
         if sanity:
@@ -245,6 +251,26 @@ def bench(
             err.print(f"wrote {plot}")
         if sanity and not report["sanity"]["pass"]:
             raise typer.Exit(1)
+
+
+def _peer_models(peer_models: str, opts: ModelOptions, methods, sanity: bool):
+    """The models transformers' methods run on: ours ("same"), or as a transformers user loads them ("stock":
+    plain fp32 weights, no prepacking, no draft quantization). (None, None) means ours."""
+    if peer_models not in ("stock", "same"):
+        raise CLIError(f"--peer-models must be stock or same, got {peer_models!r}")
+    wants_hf = any(m.startswith("hf-") for m in methods)
+    ours_is_stock = not opts.prepack and opts.draft_quantize in (None, "none") and opts.quantize in (None, "none")
+    if peer_models == "same" or not wants_hf or ours_is_stock:
+        return None, None
+    from ..models.loading import load_model
+
+    stock = dict(device=opts.device, dtype=opts.dtype, device_map=opts.device_map,
+                 trust_remote_code=opts.trust_remote_code, progress=False)
+    target = load_model(opts.target, **stock)
+    draft = None
+    if opts.has_draft and not opts.draft_is_lookup and not sanity:
+        draft = load_model(opts.draft, **stock)
+    return target, (draft if draft is not None else None)
 
 
 def _sanity_verdict(report: dict) -> dict:
@@ -374,6 +400,7 @@ def latency(
     draft_quantize: Optional[str] = DraftQuantizeOpt,
     trust_remote_code: bool = TrustOpt,
     threads: Optional[int] = ThreadsOpt,
+    prepack: bool = PrepackOpt,
 ) -> None:
     """ms/token of the target alone and with the draft.
 
@@ -390,7 +417,7 @@ def latency(
             raise CLIError("--max-new-tokens and --runs must be >= 1")
         texts = [prompt] if prompt else _load_prompt_texts(prompts, None, 1)[0]
         opts = _model_options(target, draft, device, dtype, device_map, quantize, draft_quantize,
-                              trust_remote_code, threads)
+                              trust_remote_code, threads, prepack)
         target_model, draft_model = _load(opts, quiet=json_path == "-" and not err.is_terminal)
         [ids] = encode_prompts(target_model.tokenizer, texts[:1], chat)
         units = 1 + len(ks) if draft_model is not None else 1
@@ -454,6 +481,7 @@ def multiplication(
     draft_quantize: Optional[str] = DraftQuantizeOpt,
     trust_remote_code: bool = TrustOpt,
     threads: Optional[int] = ThreadsOpt,
+    prepack: bool = PrepackOpt,
 ) -> None:
     """Accuracy on a × b: plain vs speculative sampling, Wilson CIs, z-test.
 
@@ -475,7 +503,7 @@ def multiplication(
             raise CLIError("-k, --batch-size and --max-new-tokens must be >= 1")
         problems = make_problems(nb_prompts, seeds)
         opts = _model_options(target, draft, device, dtype, device_map, quantize, draft_quantize,
-                              trust_remote_code, threads)
+                              trust_remote_code, threads, prepack)
         if not opts.has_draft:
             raise CLIError("eval multiplication compares plain with speculative sampling: give a --draft")
         target_model, draft_model = _load(opts, quiet=json_path == "-" and not err.is_terminal)
@@ -555,6 +583,7 @@ def verify(
     draft_quantize: Optional[str] = DraftQuantizeOpt,
     trust_remote_code: bool = TrustOpt,
     threads: Optional[int] = ThreadsOpt,
+    prepack: bool = PrepackOpt,
 ) -> None:
     """Check on your pair that speculative sampling is lossless.
 
@@ -587,7 +616,7 @@ def verify(
         else:
             texts = list(DEFAULT_PROMPTS)[:nb_prompts]
         opts = _model_options(target, draft, device, dtype, device_map, quantize, draft_quantize,
-                              trust_remote_code, threads)
+                              trust_remote_code, threads, prepack)
         if not opts.has_draft:
             raise CLIError("verify checks speculative decoding: give a --draft")
         target_model, draft_model = _load(opts, quiet=json_path == "-" and not err.is_terminal)

@@ -54,8 +54,9 @@ def one_line(message: str) -> str:
 # Option declarations shared by generate, compare, bench, eval, verify and serve.
 TargetOpt = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: a built-in name, an HF directory, "
                          "a .gguf file, or a hub id in the local HF cache.")
-DraftOpt = typer.Option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model (same kinds as --target), or 'none' "
-                        "for plain decoding of the target.")
+DraftOpt = typer.Option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model (same kinds as --target); "
+                        "'prompt-lookup' to draft by copying from the context (no second model); 'none' for plain "
+                        "decoding of the target.")
 KOpt = typer.Option(4, "-k", "--num-speculative-tokens", help="Draft tokens proposed per target verification.")
 MethodOpt = typer.Option("leviathan", "--method", help="Rejection sampler: leviathan (Alg. 1, vectorised) or "
                          "chen (Alg. 2, sequential). Both are lossless.")
@@ -92,6 +93,11 @@ class ModelOptions:
     def has_draft(self) -> bool:
         return self.draft is not None and self.draft.lower() != "none"
 
+    @property
+    def draft_is_lookup(self) -> bool:
+        """--draft prompt-lookup: draft by copying n-grams of the context, no second model."""
+        return self.has_draft and self.draft.lower() == "prompt-lookup"
+
 
 def load_pair(opts: ModelOptions, quiet: bool = False):
     """(target, draft or None) as LoadedModels, with a status line on stderr while loading."""
@@ -113,7 +119,11 @@ def load_pair(opts: ModelOptions, quiet: bool = False):
                             quantize=_none(opts.quantize), trust_remote_code=opts.trust_remote_code,
                             prepack=opts.prepack, progress=not quiet)
     draft = None
-    if opts.has_draft:
+    if opts.draft_is_lookup:
+        from ..drafters import PromptLookupDrafter
+
+        draft = PromptLookupDrafter()
+    elif opts.has_draft:
         quant = opts.draft_quantize
         if quant == "auto":
             quant = "int8" if device is not None and device.type == "cpu" else None
@@ -187,7 +197,7 @@ def check_model_options(opts: ModelOptions) -> None:
         resolve_dtype(opts.dtype, resolve_device(opts.device))
     elif opts.dtype not in (None, "auto"):
         resolve_dtype(opts.dtype, None)
-    for ref in [opts.target] + ([opts.draft] if opts.has_draft else []):
+    for ref in [opts.target] + ([opts.draft] if opts.has_draft and not opts.draft_is_lookup else []):
         if not os.path.exists(os.path.expanduser(ref)) and registry.is_registered(ref):
             info = registry.get_model_info(ref)
             if not info.installed and not info.cached:

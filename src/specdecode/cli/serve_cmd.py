@@ -9,7 +9,7 @@ import typer
 
 from .app import app
 from .common import (DeviceMapOpt, DeviceOpt, DraftOpt, DraftQuantizeOpt, DtypeOpt, KOpt, MethodOpt, ModelOptions,
-                     QuantizeOpt, TargetOpt, ThreadsOpt, TrustOpt, err, fail, load_pair, make_generator,
+                     PrepackOpt, QuantizeOpt, TargetOpt, ThreadsOpt, TrustOpt, err, fail, load_pair, make_generator,
                      user_errors)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -28,6 +28,7 @@ def serve(
     draft_quantize: Optional[str] = DraftQuantizeOpt,
     trust_remote_code: bool = TrustOpt,
     threads: Optional[int] = ThreadsOpt,
+    prepack: bool = PrepackOpt,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind. The default answers only this "
                              "machine; binding another address without --api-key exposes the model to the network."),
     port: int = typer.Option(8000, "--port", help="TCP port."),
@@ -66,7 +67,7 @@ def serve(
             fail(f"--port must be between 0 and 65535, got {port}")
         opts = ModelOptions(target=target, draft=draft, device=device, dtype=dtype, device_map=device_map,
                             quantize=quantize, draft_quantize=draft_quantize, trust_remote_code=trust_remote_code,
-                            threads=threads)
+                            threads=threads, prepack=prepack)
         target_model, draft_model = load_pair(opts)
         if target_model.tokenizer is None:
             fail(f"{target} has no tokenizer: the server takes text and returns text")
