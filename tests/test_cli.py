@@ -487,3 +487,12 @@ def test_console_script_colours_only_on_a_terminal_without_no_color(pair):
     # NO_COLOR: the same run with no colour at all, the same text.
     assert _colour_codes(plain_out) == set() and "acceptance rate" in plain_out and "legend" in plain_out
     assert "def quicksort(arr):" in plain_out
+
+
+def test_quantize_options_on_the_cpu(target_only):
+    """int8 works on the CPU (torch dynamic quantization); int4 needs bitsandbytes on CUDA and says so."""
+    [record] = json_lines(ok("generate", "def f():", *target_only, "--quantize", "int8", "-n", 4, "--ignore-eos",
+                             "--json"))
+    assert len(record["token_ids"]) == 4
+    line = error_of("generate", "def f():", *target_only, "--quantize", "int4")
+    assert "int4" in line and "CUDA" in line
