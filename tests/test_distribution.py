@@ -116,27 +116,74 @@ def test_the_check_catches_a_sampler_that_resamples_from_p(pair, monkeypatch):
 def test_the_check_catches_a_draft_warped_differently(pair, monkeypatch):
     """Power: the draft samples after top-k but hands the sampler its q from before top-k (a warping mismatch)."""
     from specdecode.drafters import model as drafter_module
-    from specdecode.sampling import SamplingParams
 
-    real_probs, real_sample = drafter_module.logits_to_probs, drafter_module.sample
+    real_propose, real_sample = drafter_module.ModelDrafter.propose, drafter_module.sample_with_uniforms
     unwarped = {}
 
-    def probs_remembering_unwarped(logits, params):
-        unwarped["q"] = real_probs(logits, SamplingParams(params.temperature))
-        return real_probs(logits, params)
+    class RemembersUnwarped:
+        def __init__(self, sampling):
+            self.sampling = sampling
 
-    def sample_then_hand_over_unwarped(q, generator):
-        token = real_sample(q, generator)
+        def __getattr__(self, name):
+            return getattr(self.sampling, name)
+
+        def probs(self, logits):
+            unwarped["q"] = torch.softmax(logits[self.sampled_index].float() / self.temperature.view(-1, 1), -1)
+            return self.sampling.probs(logits)
+
+    def propose(self, k, sampling, uniforms, num_drafts):
+        return real_propose(self, k, RemembersUnwarped(sampling), uniforms, num_drafts)
+
+    def sample_then_hand_over_unwarped(q, u):
+        token = real_sample(q, u)
         q.copy_(unwarped["q"])
         return token
 
-    monkeypatch.setattr(drafter_module, "logits_to_probs", probs_remembering_unwarped)
-    monkeypatch.setattr(drafter_module, "sample", sample_then_hand_over_unwarped)
+    monkeypatch.setattr(drafter_module.ModelDrafter, "propose", propose)
+    monkeypatch.setattr(drafter_module, "sample_with_uniforms", sample_then_hand_over_unwarped)
     target, draft = pair
     generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3)
     per_prompt, _ = sample_batched(generator, 4, 0.6, 3, 1.0)
     with pytest.raises(AssertionError, match="chi-square|probability 0"):
         check_against_target(target, PROMPTS[0], per_prompt[0], 0.6, 3, 1.0)
+
+
+MIXED = [  # (temperature, top_k, top_p) of each row of one batch
+    (0.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 0, 1.0), (0.6, 4, 1.0),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [3, "auto"])
+def test_rows_with_different_settings_in_one_batch_each_follow_their_own_target(pair, k):
+    """Per-row sampling: a greedy row, top-p, a hot row and top-k share every step; each follows its own law."""
+    target, draft = pair
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=k)
+    n_rows, prompts = len(MIXED), [PROMPTS[i % 2] for i in range(len(MIXED))]
+    batch = [prompts[i % n_rows] for i in range(SAMPLES * n_rows)]
+    settings = [MIXED[i % n_rows] for i in range(len(batch))]
+    result = generator.generate(batch, max_new_tokens=5, temperature=[t for t, _, _ in settings],
+                                top_k=[k_ for _, k_, _ in settings], top_p=[p for _, _, p in settings], seed=99,
+                                ignore_eos=True)
+    tokens = torch.tensor(result.token_ids)
+    greedy_rows = tokens[0::n_rows]
+    assert (greedy_rows == greedy_rows[0]).all()
+    assert greedy_rows[0].tolist() == target.generate(torch.tensor([prompts[0]]), max_new_tokens=5, do_sample=False,
+                                                      min_new_tokens=5, pad_token_id=0)[0, len(prompts[0]):].tolist()
+    for i in range(1, n_rows):
+        check_against_target(target, prompts[i], tokens[i::n_rows], *MIXED[i])
+    assert 0.05 < result.stats.acceptance_rate < 0.98
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["leviathan", "chen"])
+def test_adaptive_k_keeps_the_target_distribution(pair, method):
+    """K chosen by the policy before each step (from past acceptance and timings) keeps the output exact."""
+    target, draft = pair
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens="auto", method=method)
+    per_prompt, stats = sample_batched(generator, 6, 0.9, 0, 1.0, prompts=PROMPTS)
+    for prompt, tokens in zip(PROMPTS, per_prompt):
+        check_against_target(target, prompt, tokens, 0.9, 0, 1.0)
 
 
 @pytest.mark.slow

@@ -275,7 +275,7 @@ def test_empty_text_prompt_is_a_clear_error(tiny_pair, tokenizer):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
-    ({"top_k": -3}, "top_k"), ({"max_new_tokens": 0}, "max_new_tokens"), ({"num_speculative_tokens": 0}, ">= 1"),
+    ({"top_k": -3}, "top_k"), ({"max_new_tokens": 0}, "max_new_tokens"), ({"num_speculative_tokens": -1}, ">= 1 or .auto."), ({"num_speculative_tokens": "fast"}, "auto"),
     ({"max_new_tokens": 600}, "context"), ({"stop": [""]}, "stop"),
 ])
 def test_bad_generation_arguments_are_clear_errors(models, kwargs, message):
@@ -289,7 +289,9 @@ def test_bad_constructor_arguments_are_clear_errors(models):
     with pytest.raises(ValueError, match="leviathan, chen"):
         SpeculativeGenerator(target, draft, method="typical")
     with pytest.raises(ValueError, match="num_speculative_tokens"):
-        SpeculativeGenerator(target, draft, num_speculative_tokens=0)
+        SpeculativeGenerator(target, draft, num_speculative_tokens=-2)
+    with pytest.raises(TypeError, match="ModelBackend"):
+        SpeculativeGenerator(object(), draft)
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -343,7 +345,7 @@ def test_prompt_lookup_drafter_greedy_equals_target_and_copies_repeats(models):
     assert result.token_ids[1] == hf_greedy(target, [1, 2], 20)
     assert result.stats.draft_forward_calls == 0
     assert drafter._lookup([5, 6, 7, 8, 5, 6], 3) == [7, 8, 5]  # what followed the last "5 6"
-    assert drafter._lookup([1, 2, 3], 2) == [3, 3]  # nothing to copy: repeat the last token
+    assert drafter._lookup([1, 2, 3], 2) == []  # nothing to copy: no drafts, the row takes a plain step
 
 
 def test_quantized_and_prepacked_models_work_as_target_and_draft(models):

@@ -153,3 +153,63 @@ def test_greedy_accepts_while_draft_equals_argmax():
 def test_unknown_method_is_a_clear_error():
     with pytest.raises(ValueError, match="leviathan, chen"):
         verify(torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, 2) / 2, torch.ones(1, 2, 2) / 2, None, "medusa")
+
+
+# ------------------------------------------------------------------------- deterministic drafts (q = None)
+def exact_output_deterministic(p, x):
+    """P(first emitted token = y) when the draft x was chosen deterministically: keep x w.p. p(x), else residual."""
+    out = torch.zeros_like(p)
+    out[x] = p[x]
+    return out + (1 - p[x]) * rejection.one_hot_residual(p, torch.tensor(x))
+
+
+@pytest.mark.parametrize("p", [[0.5, 0.3, 0.2, 0.0], [0.0, 0.0, 1.0, 0.0], [0.25, 0.25, 0.25, 0.25]])
+def test_closed_form_deterministic_draft_output_is_exactly_p(p):
+    p = torch.tensor(p, dtype=torch.float64)
+    for x in range(len(p)):
+        torch.testing.assert_close(exact_output_deterministic(p, x), p, rtol=0, atol=1e-12)
+        # the same as the general rule with a one-hot q
+        q = torch.nn.functional.one_hot(torch.tensor(x), len(p)).double()
+        torch.testing.assert_close(rejection.one_hot_residual(p, torch.tensor(x)), residual_distribution(p, q))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_deterministic_drafts_follow_target_without_a_dense_q(method):
+    gen = torch.Generator().manual_seed(5)
+    v, k, n = 6, 3, 60_000
+    p = torch.stack([random_dist(gen, v, sharp=1.5) for _ in range(k + 1)]).float()
+    drafts = torch.tensor([[int(p[i].argmax()) if i != 1 else 4 for i in range(k)]]).expand(n, k)
+    num_accepted, next_token = verify(drafts, None, p.expand(n, k + 1, v).contiguous(), gen, method)
+    first = torch.where(num_accepted > 0, drafts[:, 0], next_token)
+    assert_chi_square(first, p[0])
+    second = torch.where(num_accepted > 1, drafts[:, 1], next_token)[num_accepted >= 1]
+    assert_chi_square(second, p[1])
+    # acceptance of the first draft is p(x), as with a one-hot q
+    rate = (num_accepted >= 1).double().mean().item()
+    assert abs(rate - p[0, drafts[0, 0]].item()) < 4 * (0.25 / n) ** 0.5
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_rows_propose_their_own_number_of_drafts(method):
+    """num_drafts[b] < K: row b's later drafts are ignored and its bonus comes right after its own drafts."""
+    v, k = 5, 3
+    eye = torch.eye(v, dtype=torch.float64)
+    drafts = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 2, 3]])
+    q = eye[drafts]
+    p = eye[[1, 2, 3, 4]].expand(3, k + 1, v).contiguous()  # the target agrees with every draft
+    n, nxt = verify(drafts, q, p, torch.Generator().manual_seed(0), method, num_drafts=[3, 1, 0])
+    assert n.tolist() == [3, 1, 0]
+    assert nxt.tolist() == [4, 2, 1]  # the bonus token at each row's own next position
+    n, nxt = verify_greedy(drafts, torch.log(p.clamp(min=1e-9)), num_drafts=[3, 1, 0])
+    assert n.tolist() == [3, 1, 0] and nxt.tolist() == [4, 2, 1]
+
+
+def test_uniforms_decide_like_a_generator_would():
+    """Pre-drawn per-row uniforms: u[:, i] accepts draft i, u[:, K] draws the next token."""
+    p = torch.tensor([[[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]]])
+    q = torch.tensor([[[1.0, 0.0, 0.0]]])
+    drafts = torch.tensor([[0]])
+    keep = verify_leviathan(drafts, q, p, torch.tensor([[0.49, 0.3]], dtype=torch.float64))
+    assert keep[0].tolist() == [1] and keep[1].tolist() == [2]
+    reject = verify_leviathan(drafts, q, p, torch.tensor([[0.51, 0.3]], dtype=torch.float64))
+    assert reject[0].tolist() == [0] and reject[1].tolist() == [1]  # the residual is all on token 1

@@ -12,12 +12,13 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .backends.hf import HFBackend
+from .backends import as_backend, pad
 from .detokenize import IncrementalDetokenizer
-from .drafters.model import ModelDrafter, pad
+from .drafters import as_drafter
+from .policy import make_policy
 from .rejection import METHODS, verify, verify_greedy
 from .results import GenerationResult, RowStats, Stats, TokenEvent
-from .sampling import SamplingParams, greedy, logits_to_probs, sample
+from .sampling import BatchSampling, RowGenerators, SamplingParams
 from .vocab import shared_vocab_size
 
 Prompts = str | Sequence[str] | Sequence[Sequence[int]]
@@ -31,6 +32,8 @@ class _Row:
     prompt: list[int]
     max_new_tokens: int
     detok: IncrementalDetokenizer | None
+    fixed_k: int | None  # a K the policy may not change for this row (seeded sampling under "auto")
+    policy_state: object
     tokens: list[int] = field(default_factory=list)
     provenance: list[str] = field(default_factory=list)
     finish_reason: str | None = None
@@ -71,56 +74,49 @@ class TokenStream:
 
 
 def _unwrap(model_or_loaded):
-    """(model, tokenizer) from a transformers model or from what load_model returns."""
+    """(model, tokenizer) from a Hugging Face model or from what load_model returns."""
     if hasattr(model_or_loaded, "model") and hasattr(model_or_loaded, "tokenizer"):
         return model_or_loaded.model, model_or_loaded.tokenizer
     return model_or_loaded, None
 
 
-def _eos_ids(model, tokenizer) -> set[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), getattr(model, "config", None), tokenizer):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if value is not None:
-            ids.update([value] if isinstance(value, int) else value)
-    return ids
+def _tokenizer_eos(tokenizer) -> set[int]:
+    value = getattr(tokenizer, "eos_token_id", None)
+    return set() if value is None else set([value] if isinstance(value, int) else value)
 
 
 class SpeculativeGenerator:
     """Speculative decoding of `target` with `draft`: exactly the target's output distribution, faster.
 
-    target: a transformers causal LM, or what `load_model` returns (model + tokenizer), or a ModelBackend.
-    draft: the same kinds, or any Drafter. method: "leviathan" (Algorithm 1, vectorised) or "chen"
-    (Algorithm 2, the sequential loop). vocab_size: the shared vocabulary, needed only when two bare models
-    without tokenizers have embedding matrices of different sizes.
+    target: a Hugging Face causal LM, what `load_model` returns (model + tokenizer), or a ModelBackend.
+    draft: the same kinds, or any Drafter. num_speculative_tokens: "auto" (the speculation policy picks K before
+    every step, 0..max_speculative_tokens, from measured acceptance and costs; never slower than plain decoding
+    by design) or a fixed K. method: "leviathan" (Algorithm 1, vectorised) or "chen" (Algorithm 2, the
+    sequential loop). vocab_size: the shared vocabulary, needed only when two bare models without tokenizers have
+    embedding matrices of different sizes. timing: time each phase (draft, verify); on a GPU this costs a host
+    sync per phase, so there it is off unless asked for (the policy then learns whole-step costs).
     """
 
     provenance_of_last = ("resampled", "bonus")
+    seeded_k = 3  # under "auto", seeded sampled rows use this fixed K: timing-driven choices are not reproducible
 
-    def __init__(self, target, draft, num_speculative_tokens: int = 4, method: str = "leviathan",
-                 tokenizer=None, vocab_size: int | None = None):
+    def __init__(self, target, draft, num_speculative_tokens: int | str = "auto", method: str = "leviathan",
+                 tokenizer=None, vocab_size: int | None = None, max_speculative_tokens: int = 8,
+                 timing: bool | None = None):
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
-        _check_k(num_speculative_tokens, allow_zero=draft is None)
         target_model, target_tok = _unwrap(target)
         draft_model, draft_tok = _unwrap(draft) if draft is not None else (None, None)
         self.tokenizer = tokenizer or target_tok or draft_tok
         vocab = shared_vocab_size(target_model, draft_model, target_tok or tokenizer, draft_tok, vocab_size)
-        self.target = target_model if hasattr(target_model, "trim") else HFBackend(target_model, vocab)
-        if draft is None:
-            self.drafter = None
-        elif hasattr(draft_model, "propose"):
-            self.drafter = draft_model
-            if getattr(self.drafter, "vocab_size", None) is None:
-                self.drafter.vocab_size = vocab
-            if getattr(self.drafter, "device", "unset") is None:
-                self.drafter.device = self.target.device
-        else:
-            backend = draft_model if hasattr(draft_model, "trim") else HFBackend(draft_model, vocab)
-            self.drafter = ModelDrafter(backend)
-        self.num_speculative_tokens = num_speculative_tokens
+        self.target = as_backend(target_model, vocab)
+        self.drafter = as_drafter(draft_model, vocab)
+        self.max_speculative_tokens = max_speculative_tokens
+        self.policy = make_policy(num_speculative_tokens if draft is not None else 0, max_speculative_tokens)
+        self.num_speculative_tokens = num_speculative_tokens if draft is not None else 0
         self.method = method
-        self.eos_token_ids = _eos_ids(getattr(self.target, "model", None), self.tokenizer)
+        self.timing = self.target.device.type != "cuda" if timing is None else timing
+        self.eos_token_ids = set(getattr(self.target, "eos_token_ids", ())) | _tokenizer_eos(self.tokenizer)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -139,13 +135,13 @@ class SpeculativeGenerator:
 
     @property
     def target_model(self):
-        """The target's transformers model (None for a non-transformers backend)."""
+        """The target backend's underlying model object, when it has one (None otherwise)."""
         return getattr(self.target, "model", None)
 
-    def generate(self, prompts: Prompts, max_new_tokens: int | Sequence[int] = 64, temperature: float = 1.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int | None = None, ignore_eos: bool = False,
+    def generate(self, prompts: Prompts, max_new_tokens: int | Sequence[int] = 64, temperature=1.0, top_k=0,
+                 top_p=1.0, seed=None, ignore_eos: bool = False,
                  stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
-                 num_speculative_tokens: int | None = None,
+                 num_speculative_tokens: int | str | None = None,
                  on_token: Callable[[TokenEvent], None] | None = None) -> GenerationResult:
         stream = self.stream(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                              top_p=top_p, seed=seed, ignore_eos=ignore_eos, stop=stop,
@@ -155,14 +151,22 @@ class SpeculativeGenerator:
                 on_token(event)
         return stream.result
 
-    def stream(self, prompts: Prompts, max_new_tokens: int | Sequence[int] = 64, temperature: float = 1.0,
-               top_k: int = 0, top_p: float = 1.0, seed: int | None = None, ignore_eos: bool = False,
-               stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
-               num_speculative_tokens: int | None = None) -> TokenStream:
-        """Like generate(), as an iterator of TokenEvents. Arguments are checked here, before any work."""
-        params = SamplingParams(temperature, top_k, top_p)
+    def stream(self, prompts: Prompts, max_new_tokens: int | Sequence[int] = 64, temperature=1.0, top_k=0,
+               top_p=1.0, seed=None, ignore_eos: bool = False, stop: str | Sequence[str] | None = None,
+               stop_token_ids: Sequence[int] | None = None,
+               num_speculative_tokens: int | str | None = None) -> TokenStream:
+        """Like generate(), as an iterator of TokenEvents. Arguments are checked here, before any work.
+
+        temperature, top_k, top_p and seed take one value for every row or a list with one per row. A row's
+        output depends only on its own prompt, settings and seed, never on the other rows of the batch: an int
+        seed S seeds row i with S + i, so row i equals a solo call with seed=S + i.
+        """
         prompt_ids = self._encode(prompts)
-        limits = _per_row(max_new_tokens, len(prompt_ids))
+        n = len(prompt_ids)
+        params = [SamplingParams(t, k, p) for t, k, p in zip(_per_row(temperature, n, "temperature"),
+                                                            _per_row(top_k, n, "top_k"), _per_row(top_p, n, "top_p"))]
+        seeds = _row_seeds(seed, n)
+        limits = _per_row(max_new_tokens, n, "max_new_tokens")
         for i, (ids, limit) in enumerate(zip(prompt_ids, limits)):
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
                 raise ValueError(f"max_new_tokens must be an integer >= 1, got {limit!r}")
@@ -170,83 +174,85 @@ class SpeculativeGenerator:
             if context and len(ids) + limit > context:
                 raise ValueError(f"prompt {i} has {len(ids)} tokens; with max_new_tokens={limit} that exceeds the "
                                  f"model's context of {context} tokens: shorten the prompt or lower max_new_tokens")
-        k = self.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
-        _check_k(k, allow_zero=self.drafter is None)
+        policy = self.policy
+        if num_speculative_tokens is not None and num_speculative_tokens != self.num_speculative_tokens:
+            policy = make_policy(num_speculative_tokens if self.drafter is not None else 0,
+                                 self.max_speculative_tokens)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             raise ValueError("stop strings must be non-empty strings")
         if stops and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer: pass tokenizer= or use load_model()")
         stop_ids = set(stop_token_ids or ()) | (set() if ignore_eos else self.eos_token_ids)
-        return TokenStream(lambda cancelled: self._run(prompt_ids, limits, params, seed, stop_ids, stops, k,
+        return TokenStream(lambda cancelled: self._run(prompt_ids, limits, params, seeds, stop_ids, stops, policy,
                                                        cancelled))
 
     # ------------------------------------------------------------------ the loop
-    def _run(self, prompt_ids, limits, params, seed, stop_ids, stops, k_max, cancelled):
+    def _run(self, prompt_ids, limits, params, seeds, stop_ids, stops, policy, cancelled):
         device = self.target.device
-        generator = torch.Generator(device=device)  # the call's own randomness: seeded once, here
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(seed)
-        rows = [_Row(i, p, limit, IncrementalDetokenizer(self.tokenizer, p) if self.tokenizer else None)
-                for i, (p, limit) in enumerate(zip(prompt_ids, limits))]
-        stats = Stats(num_rows=len(rows), prompt_tokens=sum(map(len, prompt_ids)), num_speculative_tokens=k_max,
-                      accepted_per_position=[0] * k_max, proposed_per_position=[0] * k_max)
+        sampling = BatchSampling(params, device)
+        generators = RowGenerators(seeds, device)  # each row's own randomness: seeded once, here
+        adaptive = policy.name == "adaptive"
+        rows = [_Row(i, p, limit, IncrementalDetokenizer(self.tokenizer, p) if self.tokenizer else None,
+                     min(self.seeded_k, policy.max_k) if adaptive and seed is not None and not par.greedy else None,
+                     policy.new_row())
+                for i, (p, limit, par, seed) in enumerate(zip(prompt_ids, limits, params, seeds))]
+        stats = Stats(num_rows=len(rows), prompt_tokens=sum(map(len, prompt_ids)), num_speculative_tokens=policy.max_k,
+                      accepted_per_position=[0] * policy.max_k, proposed_per_position=[0] * policy.max_k,
+                      policy="auto" if adaptive else "fixed")
+        hidden_wanted = getattr(self.drafter, "needs_hidden_states", False)
         start = time.perf_counter()
 
         # Prefill both models on the whole prompt; the target's last logits give the first new token.
         ids, valid = pad(prompt_ids, device, side="left")
         self.target.reset(len(rows))
-        first = self._pick(self.target.forward(ids, valid, last_only=True)[:, -1], params, generator)
+        logits, hidden = self._target_forward(ids, valid, hidden_wanted, last_only=True)
+        u = generators.uniforms([0 if g else 1 for g in sampling.greedy_rows])
+        first = self._verify(ids[:, :0], None, logits[:, -1:], sampling, u, [0] * len(rows))[1].tolist()
         stats.target_forward_calls += 1
         if self.drafter is not None:
             drafter_calls = self.drafter.forward_calls
-            self.drafter.prefill(ids, valid)
+            self.drafter.prefill(ids, valid, **({"hidden": hidden} if hidden_wanted else {}))
+            self.drafter.update([[] for _ in rows], [0] * len(rows), first)
             stats.draft_forward_calls += self.drafter.forward_calls - drafter_calls
-        first = first.tolist()
-        no_drafts = [[] for _ in rows]
-        if self.drafter is not None:
-            self.drafter.update(no_drafts, [0] * len(rows), first)
         stats.num_rows_with_first_token = len(rows)
         stats.prefill_time_s = time.perf_counter() - start
         events = [e for row, t in zip(rows, first) for e in self._emit(row, [t], ["target"], stop_ids, stops)]
-        active = self._drop_finished(rows, cancelled)
+        active, sampling = self._drop_finished(rows, rows, sampling, generators, cancelled)
         yield events
 
         while active:
             t0 = time.perf_counter()
-            k = min(k_max, max(r.remaining for r in active) - 1)
+            k_rows = self._choose_k(active, policy)
+            k = max(k_rows)
             last = torch.tensor([[r.tokens[-1]] for r in active], dtype=torch.long, device=device)
             lengths = self.target.lengths
+            u_draft, u_verify = generators.step_uniforms(k_rows, sampling.greedy_rows)
             if k > 0:
                 drafter_calls = self.drafter.forward_calls
-                drafts, q = self.drafter.propose(k, params, generator)
+                drafts, q = self.drafter.propose(k, sampling, u_draft, k_rows)
+                drafts = drafts.to(device)
                 stats.draft_forward_calls += self.drafter.forward_calls - drafter_calls
             else:
                 drafts, q = last[:, :0], None
             t1 = self._clock(device)
-            logits = self.target.forward(torch.cat([last, drafts], dim=1))
-            if params.greedy:
-                num_accepted, next_token = verify_greedy(drafts, logits)
-            else:
-                p = logits_to_probs(logits, params)
-                if q is None:  # k == 0: nothing to verify, the "bonus" is a plain target sample
-                    q = p[:, :0]
-                num_accepted, next_token = verify(drafts, q, p, generator, self.method)
+            logits, hidden = self._target_forward(torch.cat([last, drafts], dim=1), None, hidden_wanted)
+            num_accepted, next_token = self._verify(drafts, q, logits, sampling, u_verify, k_rows)
             t2 = self._clock(device)
-            drafts_l, accepted_l, next_l = drafts.tolist(), num_accepted.tolist(), next_token.tolist()
+            drafts_l, accepted_l, next_l = drafts.tolist(), num_accepted.tolist(), next_token.tolist()  # the sync
+            t2 = t2 if self.timing else time.perf_counter()
             self.target.trim([n + 1 + a for n, a in zip(lengths, accepted_l)])
             if self.drafter is not None:
-                self.drafter.update(drafts_l, accepted_l, next_l)
+                self.drafter.update(drafts_l, accepted_l, next_l, **({"hidden": hidden} if hidden_wanted else {}))
+            policy.observe([r.policy_state for r in active], k, accepted_l, len(active), t1 - t0, t2 - t1, k_rows)
 
-            stats.add_verification(k, accepted_l)
+            stats.add_verification(k_rows, accepted_l)
             events = []
-            for row, d, a, t in zip(active, drafts_l, accepted_l, next_l):
-                row.stats.add_verification(k, a)
-                last_kind = "target" if k == 0 else self.provenance_of_last[a == k]
+            for row, d, kr, a, t in zip(active, drafts_l, k_rows, accepted_l, next_l):
+                row.stats.add_verification(kr, a)
+                last_kind = "target" if kr == 0 else self.provenance_of_last[a == kr]
                 events += self._emit(row, d[:a] + [t], ["accepted"] * a + [last_kind], stop_ids, stops)
-            active = self._drop_finished(active, cancelled)
+            active, sampling = self._drop_finished(active, rows, sampling, generators, cancelled)
             t3 = time.perf_counter()
             stats.draft_time_s += t1 - t0
             stats.verify_time_s += t2 - t1
@@ -257,15 +263,43 @@ class SpeculativeGenerator:
             row.stats.new_tokens = len(row.tokens)
         stats.new_tokens = sum(len(r.tokens) for r in rows)
         stats.wall_time_s = time.perf_counter() - start
+        stats.policy_summary = policy.summary()
         return self._result(rows, stats)
 
     # ------------------------------------------------------------------ helpers
-    def _pick(self, logits: torch.Tensor, params: SamplingParams, generator) -> torch.Tensor:
-        return greedy(logits) if params.greedy else sample(logits_to_probs(logits, params), generator)
+    def _choose_k(self, active: list[_Row], policy) -> list[int]:
+        """K for each row before its drafts are drawn (what keeps the choice lossless): the policy's, capped."""
+        caps = [r.remaining - 1 for r in active]
+        if self.drafter is None or policy.max_k == 0 or max(caps) <= 0:
+            return [0] * len(active)
+        caps = [min(c, d) for c, d in zip(caps, self.drafter.max_drafts(policy.max_k))]
+        k = policy.choose([r.policy_state for r in active], caps)
+        return [min(k if r.fixed_k is None else r.fixed_k, c) for r, c in zip(active, caps)]
 
-    @staticmethod
-    def _clock(device) -> float:
-        if device.type == "cuda":  # kernels run asynchronously: wait so each phase gets its own time
+    def _target_forward(self, ids, valid, hidden_wanted: bool, last_only: bool = False):
+        if hidden_wanted:
+            return self.target.forward(ids, valid, last_only=last_only, output_hidden=True)
+        return self.target.forward(ids, valid, last_only=last_only), None
+
+    def _verify(self, drafts, q, logits, sampling: BatchSampling, u, k_rows):
+        """(num_accepted, next_token) per row: greedy rows by argmax, sampled rows by the rejection sampler."""
+        if sampling.all_greedy:
+            return verify_greedy(drafts, logits, k_rows)
+        s = sampling.sampled_index
+        k_rows = torch.tensor(k_rows, device=logits.device)
+        accepted, tokens = verify(drafts[s], q, sampling.probs(logits), u[s], self.method, k_rows[s])
+        if not sampling.any_greedy:
+            return accepted, tokens
+        g = torch.tensor([i for i, greedy in enumerate(sampling.greedy_rows) if greedy], device=logits.device)
+        g_accepted, g_tokens = verify_greedy(drafts[g], logits[g], k_rows[g])
+        num_accepted = torch.empty(len(sampling), dtype=torch.long, device=logits.device)
+        next_token = torch.empty_like(num_accepted)
+        num_accepted[s], next_token[s] = accepted, tokens
+        num_accepted[g], next_token[g] = g_accepted, g_tokens
+        return num_accepted, next_token
+
+    def _clock(self, device) -> float:
+        if self.timing and device.type == "cuda":  # kernels run asynchronously: wait so each phase gets its time
             torch.cuda.synchronize(device)
         return time.perf_counter()
 
@@ -292,7 +326,8 @@ class SpeculativeGenerator:
                 break
         return events
 
-    def _drop_finished(self, active: list[_Row], cancelled: set[int]) -> list[_Row]:
+    def _drop_finished(self, active: list[_Row], rows, sampling: BatchSampling, generators: RowGenerators,
+                       cancelled: set[int]) -> tuple[list[_Row], BatchSampling]:
         for row in active:
             if row.finish_reason is None and row.index in cancelled:
                 row.finish_reason = "cancelled"
@@ -301,7 +336,9 @@ class SpeculativeGenerator:
             self.target.select_rows(keep)
             if self.drafter is not None:
                 self.drafter.select_rows(keep)
-        return [active[i] for i in keep]
+            generators.select(keep)
+            sampling = sampling.select(keep)
+        return [active[i] for i in keep], sampling
 
     def _encode(self, prompts: Prompts) -> list[list[int]]:
         if isinstance(prompts, torch.Tensor):
@@ -347,18 +384,22 @@ class AutoregressiveGenerator(SpeculativeGenerator):
         super().__init__(target, None, num_speculative_tokens=0, tokenizer=tokenizer, vocab_size=vocab_size)
 
 
-def _check_k(k, allow_zero: bool) -> None:
-    lowest = 0 if allow_zero else 1
-    if isinstance(k, bool) or not isinstance(k, int) or k < lowest:
-        raise ValueError(f"num_speculative_tokens must be an integer >= {lowest}, got {k!r}")
-
-
-def _per_row(value, n: int) -> list:
+def _per_row(value, n: int, name: str) -> list:
     if isinstance(value, (list, tuple)):
         if len(value) != n:
-            raise ValueError(f"max_new_tokens has {len(value)} entries for {n} prompts")
+            raise ValueError(f"{name} has {len(value)} entries for {n} prompts: give one value, or one per prompt")
         return list(value)
     return [value] * n
+
+
+def _row_seeds(seed, n: int) -> list[int | None]:
+    """Row seeds: an int S seeds row i with S + i; a list gives each row its own (None: fresh randomness)."""
+    seeds = _per_row(seed, n, "seed") if isinstance(seed, (list, tuple)) else (
+        [None] * n if seed is None else [seed + i for i in range(n)] if isinstance(seed, int) else [seed])
+    for s in seeds:
+        if s is not None and (isinstance(s, bool) or not isinstance(s, int)):
+            raise ValueError(f"seed must be an integer (or None, or one per prompt), got {s!r}")
+    return seeds
 
 
 def _find_stop(text: str, delta: str | None, stops: list[str]) -> int | None:

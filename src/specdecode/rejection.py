@@ -6,15 +6,20 @@ min(1, p_i(x_i) / q_i(x_i)); at the first rejection draw from normalize(max(0, p
 kept, draw a bonus token from p_{K+1}. Every emitted token is then distributed exactly as the target's
 (Leviathan et al. 2023, Theorem 1; Chen et al. 2023, Theorem 1).
 
-Shapes: draft_tokens [B, K] (int64), q [B, K, V], p [B, K+1, V]. Each verifier returns
-(num_accepted [B] int64 in 0..K, next_token [B] int64). The generator is the call's own: never reseeded.
+Shapes: draft_tokens [B, K] (int64), q [B, K, V] or None, p [B, K+1, V]. q=None means the drafts were chosen
+deterministically (prompt lookup, n-grams): q is then one-hot at x, so x is kept with probability p(x) and a
+rejection resamples from p with x removed, and no [B, K, V] tensor is ever built.
+`num_drafts` [B] (optional) is how many of the K drafts row b really proposes: a row's later drafts are ignored
+and its bonus comes from p_{num_drafts[b]+1}. Randomness is either a torch.Generator (one stream for the batch) or
+uniforms [B, K+1] drawn from each row's own stream: u[:, i] decides draft i, u[:, K] draws the final token.
+Each verifier returns (num_accepted [B] int64, next_token [B] int64).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .sampling import sample
+from .sampling import sample_with_uniforms
 
 METHODS = ("leviathan", "chen")
 
@@ -35,65 +40,94 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > 0, residual / torch.where(mass > 0, mass, 1.0), p)
 
 
+def one_hot_residual(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """residual_distribution(p, one_hot(x)) without building the one-hot: p with x removed, renormalised."""
+    return residual_distribution(p, torch.zeros_like(p).scatter_(-1, x.unsqueeze(-1), 1.0)) if p.numel() else p
+
+
 def _gather_tokens(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def verify_leviathan(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
-                     generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _uniforms(randomness, batch: int, k: int, device) -> torch.Tensor:
+    if isinstance(randomness, torch.Tensor):
+        return randomness
+    return torch.rand(batch, k + 1, generator=randomness, device=device, dtype=torch.float64)
+
+
+def _num_drafts(num_drafts, batch: int, k: int, device) -> torch.Tensor:
+    if num_drafts is None:
+        return torch.full((batch,), k, dtype=torch.long, device=device)
+    return torch.as_tensor(num_drafts, dtype=torch.long, device=device)
+
+
+def verify_leviathan(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor, randomness,
+                     num_drafts=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Leviathan et al., Algorithm 1: one uniform per draft token, all positions at once."""
     batch, k = draft_tokens.shape
-    if k == 0:
-        return draft_tokens.new_zeros(batch), sample(p[:, 0], generator)
-    accept_prob = acceptance_probability(_gather_tokens(p[:, :k], draft_tokens), _gather_tokens(q, draft_tokens))
-    u = torch.rand(batch, k, generator=generator, device=p.device, dtype=accept_prob.dtype)
-    accepted = u < accept_prob
-    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)
-    # Row b continues from position n_b: the residual there, or p_{K+1} (the bonus) when n_b == K, which is the
-    # same formula with q_{K+1} = 0.
+    u = _uniforms(randomness, batch, k, p.device)
+    proposed = _num_drafts(num_drafts, batch, k, p.device)
     rows = torch.arange(batch, device=p.device)
+    if k == 0:
+        return proposed.new_zeros(batch), sample_with_uniforms(p[:, 0], u[:, -1])
+    p_x = _gather_tokens(p[:, :k], draft_tokens)
+    accept_prob = p_x if q is None else acceptance_probability(p_x, _gather_tokens(q, draft_tokens))
+    in_range = torch.arange(k, device=p.device) < proposed.unsqueeze(1)
+    accepted = (u[:, :k] < accept_prob) & in_range
+    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)
+    # Row b continues from position n_b: the residual there, or p_{n_b+1} (the bonus) when all its drafts were
+    # kept, which is the same formula with q = 0.
     p_n = p[rows, num_accepted]
-    q_n = q[rows, num_accepted.clamp(max=k - 1)] * (num_accepted < k).unsqueeze(-1)
-    next_token = sample(residual_distribution(p_n, q_n), generator)
-    return num_accepted, next_token
+    rejected = (num_accepted < proposed).unsqueeze(-1)
+    at = num_accepted.clamp(max=k - 1)
+    if q is None:
+        dist = torch.where(rejected, one_hot_residual(p_n, draft_tokens[rows, at]), p_n)
+    else:
+        dist = residual_distribution(p_n, q[rows, at] * rejected)
+    return num_accepted, sample_with_uniforms(dist, u[:, -1])
 
 
-def verify_chen(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
-                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def verify_chen(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor, randomness,
+                num_drafts=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Chen et al., Algorithm 2: the sequential accept/reject loop, one row at a time, as in the paper."""
     batch, k = draft_tokens.shape
+    u = _uniforms(randomness, batch, k, p.device)
+    proposed = _num_drafts(num_drafts, batch, k, p.device).tolist()
     num_accepted = torch.zeros(batch, dtype=torch.long)
     next_token = torch.zeros(batch, dtype=torch.long)
     for b in range(batch):
         n = 0
-        while n < k:
+        while n < proposed[b]:
             x = draft_tokens[b, n]
-            r = torch.rand((), generator=generator, device=p.device)
-            if r < acceptance_probability(p[b, n, x], q[b, n, x]):
+            q_x = 1.0 if q is None else q[b, n, x]
+            if u[b, n] < acceptance_probability(p[b, n, x], q_x):
                 n += 1
             else:
-                next_token[b] = sample(residual_distribution(p[b, n], q[b, n]), generator)
+                residual = one_hot_residual(p[b, n], x) if q is None else residual_distribution(p[b, n], q[b, n])
+                next_token[b] = sample_with_uniforms(residual, u[b, -1])
                 break
-        if n == k:
-            next_token[b] = sample(p[b, k], generator)
+        if n == proposed[b]:
+            next_token[b] = sample_with_uniforms(p[b, n], u[b, -1])
         num_accepted[b] = n
     return num_accepted.to(p.device), next_token.to(p.device)
 
 
-def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
+                  num_drafts=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy: keep drafts while they equal the target's argmax, then take the target's argmax."""
     batch, k = draft_tokens.shape
     target_tokens = torch.argmax(target_logits, dim=-1)  # [B, K+1]
-    matches = (draft_tokens == target_tokens[:, :k]).long()
-    num_accepted = matches.cumprod(dim=1).sum(dim=1)
+    proposed = _num_drafts(num_drafts, batch, k, target_logits.device)
+    matches = (draft_tokens == target_tokens[:, :k]) & (torch.arange(k, device=proposed.device) < proposed[:, None])
+    num_accepted = matches.long().cumprod(dim=1).sum(dim=1)
     next_token = target_tokens.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
     return num_accepted, next_token
 
 
-def verify(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None,
-           method: str = "leviathan") -> tuple[torch.Tensor, torch.Tensor]:
+def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor, randomness,
+           method: str = "leviathan", num_drafts=None) -> tuple[torch.Tensor, torch.Tensor]:
     if method == "leviathan":
-        return verify_leviathan(draft_tokens, q, p, generator)
+        return verify_leviathan(draft_tokens, q, p, randomness, num_drafts)
     if method == "chen":
-        return verify_chen(draft_tokens, q, p, generator)
+        return verify_chen(draft_tokens, q, p, randomness, num_drafts)
     raise ValueError(f"unknown rejection method {method!r}; choose one of {', '.join(METHODS)}")

@@ -32,7 +32,9 @@ class Stats:
     num_rows: int = 0
     prompt_tokens: int = 0
     new_tokens: int = 0
-    num_speculative_tokens: int = 0
+    num_speculative_tokens: int = 0  # the largest K the policy could choose
+    policy: str = "fixed"  # "auto" (adaptive K) or "fixed"
+    k_histogram: dict[int, int] = field(default_factory=dict)  # verification steps per K chosen (0: plain)
     proposed_tokens: int = 0
     accepted_tokens: int = 0
     verification_steps: int = 0  # row-steps: one per row per target verification call
@@ -75,20 +77,35 @@ class Stats:
     # The first token of each row comes from the prefill, not from a verification step.
     num_rows_with_first_token: int = 0
 
-    def add_verification(self, k: int, accepted: list[int]) -> None:
-        """One target verification of k drafts for each row; accepted[b] of row b's drafts were kept."""
+    @property
+    def mean_k(self) -> float:
+        """Mean number of drafts per verification step (plain steps count as 0)."""
+        steps = sum(self.k_histogram.values())
+        return sum(k * n for k, n in self.k_histogram.items()) / steps if steps else 0.0
+
+    @property
+    def plain_steps(self) -> int:
+        return self.k_histogram.get(0, 0)
+
+    # What the speculation policy reports at the end of the call (learned costs, acceptance, probes).
+    policy_summary: dict = field(default_factory=dict)
+
+    def add_verification(self, k_rows: list[int], accepted: list[int]) -> None:
+        """One target verification: row b proposed k_rows[b] drafts and kept accepted[b] of them."""
         self.target_forward_calls += 1
+        k = max(k_rows, default=0)
+        self.k_histogram[k] = self.k_histogram.get(k, 0) + 1
         self.verification_steps += len(accepted)
-        self.proposed_tokens += k * len(accepted)
+        self.proposed_tokens += sum(k_rows)
         self.accepted_tokens += sum(accepted)
         for i in range(k):
-            self.proposed_per_position[i] += len(accepted)
+            self.proposed_per_position[i] += sum(kr > i for kr in k_rows)
             self.accepted_per_position[i] += sum(a > i for a in accepted)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         for name in ("acceptance_rate", "mean_accepted_length", "per_position_acceptance", "tokens_per_second",
-                     "decode_tokens_per_second"):
+                     "decode_tokens_per_second", "mean_k", "plain_steps"):
             d[name] = getattr(self, name)
         return d
 

@@ -70,3 +70,139 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     return torch.argmax(logits, dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-row sampling: every row of a batch has its own settings and its own random stream.
+
+
+class BatchSampling:
+    """The sampling settings of each row of a batch, as tensors, so one warp serves rows with different settings.
+
+    Rows with temperature 0 are greedy: they take the argmax of the raw logits and never draw random numbers.
+    """
+
+    def __init__(self, params: list[SamplingParams], device=None):
+        self.params = list(params)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.greedy_rows = [p.greedy for p in self.params]
+        self.all_greedy = all(self.greedy_rows)
+        self.any_greedy = any(self.greedy_rows)
+        sampled = [p for p in self.params if not p.greedy]
+        # Per-row tensors over the rows that sample (greedy rows are never warped).
+        self.sampled_index = torch.tensor([i for i, g in enumerate(self.greedy_rows) if not g], dtype=torch.long,
+                                          device=self.device)
+        self.temperature = torch.tensor([p.temperature for p in sampled], dtype=torch.float32, device=self.device)
+        self.top_k = [p.top_k for p in sampled]
+        self.top_p = torch.tensor([p.top_p for p in sampled], dtype=torch.float32, device=self.device)
+        self.any_top_k = any(k > 0 for k in self.top_k)
+        self.any_top_p = any(p.top_p < 1.0 for p in sampled)
+        self.any_temperature = any(p.temperature != 1.0 for p in sampled)
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def select(self, rows: list[int]) -> "BatchSampling":
+        return BatchSampling([self.params[r] for r in rows], self.device)
+
+    def warp(self, logits: torch.Tensor) -> torch.Tensor:
+        """Warped scores [S, ..., V] of the sampled rows (logits [B, ..., V] of all rows); float32.
+
+        Exactly `warp_logits` applied row by row with each row's own settings.
+        """
+        scores = logits[self.sampled_index].float() if self.any_greedy else logits.float()
+        extra = (1,) * (scores.dim() - 1)
+        if self.any_temperature:
+            scores = scores / self.temperature.view(-1, *extra)
+        vocab = scores.shape[-1]
+        if self.any_top_k:
+            widest = min(max(self.top_k), vocab)
+            top = torch.topk(scores, widest, dim=-1).values
+            k = torch.tensor([min(k, vocab) if k > 0 else vocab for k in self.top_k], device=scores.device)
+            index = (k.clamp(max=widest) - 1).view(-1, *extra).expand(*top.shape[:-1], 1)
+            kth = top.gather(-1, index)
+            off = (k >= vocab).view(-1, *extra)  # top_k 0 (or >= V) keeps everything
+            scores = scores.masked_fill((scores < kth) & ~off, float("-inf"))
+        if self.any_top_p:
+            sorted_scores, sorted_idx = torch.sort(scores, dim=-1, descending=False)
+            cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+            remove_sorted = cumulative <= (1.0 - self.top_p).view(-1, *extra)
+            remove_sorted[..., -1:] = False  # min_tokens_to_keep = 1
+            remove_sorted &= (self.top_p < 1.0).view(-1, *extra)
+            remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
+            scores = scores.masked_fill(remove, float("-inf"))
+        return scores
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution each sampled row draws from: [S, ..., V]."""
+        return torch.softmax(self.warp(logits), dim=-1)
+
+
+class RowGenerators:
+    """One random stream per row, so that a row's tokens never depend on which other rows share its batch.
+
+    Row seeds are given per row (None: a fresh random seed). Each step a row draws its uniforms in one call, and
+    how many it draws depends only on its own K, never on the other rows.
+    """
+
+    def __init__(self, seeds: list[int | None], device=None):
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.generators = []
+        for seed in seeds:
+            g = torch.Generator(device=self.device)
+            if seed is None:
+                g.seed()
+            else:
+                g.manual_seed(seed)
+            self.generators.append(g)
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    def select(self, rows: list[int]) -> None:
+        self.generators = [self.generators[r] for r in rows]
+
+    def extend(self, other: "RowGenerators") -> None:
+        self.generators += other.generators
+
+    def step_uniforms(self, k_rows: list[int], greedy_rows: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One speculative step's randomness: (for the drafts [B, K], for the verification [B, K+1]).
+
+        A sampled row with k drafts draws 2k + 1 uniforms in one call: k to sample its drafts, k to accept them,
+        one for the token after them (u_verify[:, K]). Greedy rows draw nothing.
+        """
+        k = max(k_rows, default=0)
+        counts = [0 if g else 2 * n + 1 for n, g in zip(k_rows, greedy_rows)]
+        u = self.uniforms(counts)
+        u_draft = torch.zeros(len(k_rows), k, dtype=u.dtype, device=self.device)
+        u_verify = torch.zeros(len(k_rows), k + 1, dtype=u.dtype, device=self.device)
+        for n in set(k_rows):  # rows with the same k move together
+            rows = torch.tensor([b for b, (m, c) in enumerate(zip(k_rows, counts)) if m == n and c],
+                                dtype=torch.long, device=self.device)
+            if len(rows):
+                u_draft[rows, :n] = u[rows, :n]
+                u_verify[rows, :n] = u[rows, n:2 * n]
+                u_verify[rows, k] = u[rows, 2 * n]
+        return u_draft, u_verify
+
+    def uniforms(self, counts: list[int]) -> torch.Tensor:
+        """[B, max(counts)] uniforms in [0, 1): row b's first counts[b] entries come from its own stream."""
+        width = max(counts, default=0)
+        out = torch.zeros(len(counts), width, dtype=torch.float64, device=self.device)
+        for b, (g, n) in enumerate(zip(self.generators, counts)):
+            if n:
+                out[b, :n] = torch.rand(n, generator=g, device=self.device, dtype=torch.float64)
+        return out
+
+
+def sample_with_uniforms(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw: one token per distribution in probs [..., V], given one uniform per row u [...].
+
+    A token of probability 0 is never drawn (its CDF step is empty), token 0 is a token like any other.
+    """
+    cdf = probs.double().cumsum(dim=-1)
+    target = (u.double() * cdf[..., -1]).unsqueeze(-1)
+    token = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    # u * total can round up to total: fall back to the last token of positive probability
+    last_positive = (probs > 0).long().cumsum(-1).argmax(-1)
+    return torch.minimum(token, last_positive)

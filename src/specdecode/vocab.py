@@ -15,8 +15,9 @@ class VocabularyMismatchError(ValueError):
 
 
 def embedding_rows(model) -> int | None:
-    if hasattr(model, "vocab_size") and not hasattr(model, "get_output_embeddings"):
-        return model.vocab_size  # a backend or drafter (None: it adopts the target's vocabulary)
+    """Rows of a model's output layer; a backend's or drafter's vocab_size; None for a drafter with no model."""
+    if not hasattr(model, "get_output_embeddings"):
+        return getattr(model, "vocab_size", None)
     output = model.get_output_embeddings()
     # out_features also exists on quantized and prepacked Linear layers, whose .weight is not a tensor
     rows = getattr(output, "out_features", None)
@@ -41,6 +42,9 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer) -> None:
 def shared_vocab_size(target, draft=None, target_tokenizer=None, draft_tokenizer=None,
                       vocab_size: int | None = None) -> int:
     rows = {"target": embedding_rows(target)}
+    if rows["target"] is None:
+        raise TypeError(f"cannot use a {type(target).__name__} as the target model: pass a transformers causal LM, "
+                        f"what specdecode.load_model returns, or a ModelBackend (forward/trim/reset/select_rows)")
     if draft is not None and embedding_rows(draft) is not None:
         rows["draft"] = embedding_rows(draft)
     smallest = min(rows.values())

@@ -1,8 +1,8 @@
 """The narrow interface between the decoding loop and a model.
 
 A backend holds one KV cache for a batch of rows. The loop only ever asks it to run new tokens and to forget
-tokens: that is all speculative decoding needs, so other backends (a static-cache compiled one for GPUs,
-llama.cpp for CPUs) can be added without touching the sampler or the loop.
+tokens: that is all speculative decoding needs, so other backends (llama.cpp for CPUs, a static-cache compiled
+one for GPUs) are one file each, without touching the sampler or the loop.
 """
 
 from __future__ import annotations
@@ -16,16 +16,19 @@ class ModelBackend(Protocol):
     vocab_size: int  # width of the logits returned (the vocabulary shared with the other model)
     device: torch.device
     max_positions: int | None  # the model's context length, when known
+    # Optional attributes the loop reads with defaults: eos_token_ids (set[int]), name (str).
 
     def reset(self, batch_size: int) -> None:
         """Start an empty cache for batch_size rows."""
 
-    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None,
-                last_only: bool = False) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, last_only: bool = False,
+                output_hidden: bool = False):
         """Append input_ids [B, n] to the cache; return float logits [B, n, V] ([B, 1, V] if last_only).
 
         valid [B, n] marks real tokens; False marks padding (left padding of ragged inputs), which is never
         attended to. Each row's real tokens are placed at the positions that follow its cached tokens.
+        With output_hidden, return (logits, hidden) where hidden [B, n, H] are the last layer's states of every
+        new position (for drafters that read the target's features); off by default, and then free.
         """
 
     def trim(self, lengths: list[int]) -> None:
@@ -37,3 +40,22 @@ class ModelBackend(Protocol):
     @property
     def lengths(self) -> list[int]:
         """Real tokens cached per row."""
+
+
+def is_backend(obj) -> bool:
+    return all(callable(getattr(obj, name, None)) for name in ("forward", "trim", "reset", "select_rows"))
+
+
+def pad(rows: list[list[int]], device, side: str = "left") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token lists of different lengths → ids [B, n] and a validity mask (None when nothing is padded)."""
+    width = max(len(r) for r in rows)
+    if all(len(r) == width for r in rows):
+        return torch.tensor(rows, dtype=torch.long, device=device), None
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    valid = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
+    for b, r in enumerate(rows):
+        if r:
+            span = slice(width - len(r), width) if side == "left" else slice(0, len(r))
+            ids[b, span] = torch.tensor(r, dtype=torch.long)
+            valid[b, span] = True
+    return ids, valid

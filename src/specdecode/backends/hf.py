@@ -30,6 +30,8 @@ class HFBackend:
         self.vocab_size = vocab_size or embedding_rows(model)
         self.device = next(model.parameters()).device
         self.max_positions = getattr(config, "max_position_embeddings", None)
+        self.eos_token_ids = _eos_ids(model)
+        self.name = getattr(config, "_name_or_path", "") or type(model).__name__
         params = inspect.signature(model.forward).parameters
         self._takes_positions = "position_ids" in params
         self._takes_logits_to_keep = "logits_to_keep" in params
@@ -52,8 +54,8 @@ class HFBackend:
         self._slots = 0
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None,
-                last_only: bool = False) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, last_only: bool = False,
+                output_hidden: bool = False):
         batch, n = input_ids.shape
         if self._sliding and self.mask is not None:
             self._compact()
@@ -77,7 +79,10 @@ class HFBackend:
         ragged_end = valid is not None and not bool(valid[:, -1].all())
         if last_only and self._takes_logits_to_keep and not ragged_end:
             kwargs["logits_to_keep"] = 1
-        logits = self.model(**kwargs).logits
+        if output_hidden:
+            kwargs["output_hidden_states"] = True
+        out = self.model(**kwargs)
+        logits = out.logits
         if last_only and ragged_end:  # right-padded rows: each row's last real token
             last = (valid.long() * torch.arange(1, n + 1, device=self.device)).argmax(dim=1)
             logits = logits[torch.arange(batch, device=self.device), last].unsqueeze(1)
@@ -85,7 +90,8 @@ class HFBackend:
             logits = logits[:, -1:]
         self._slots += n
         self._lengths = [a + b for a, b in zip(self._lengths, new_counts)]
-        return logits[..., : self.vocab_size].float()
+        logits = logits[..., : self.vocab_size].float()
+        return (logits, out.hidden_states[-1]) if output_hidden else logits
 
     def trim(self, lengths: list[int]) -> None:
         if list(lengths) == self._lengths:
@@ -138,3 +144,12 @@ class HFBackend:
             if self.mask is not None:
                 self.mask = self.mask[:, :slots]
             self._slots = slots
+
+
+def _eos_ids(model) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if value is not None:
+            ids.update([value] if isinstance(value, int) else value)
+    return ids

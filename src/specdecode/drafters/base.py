@@ -6,22 +6,29 @@ from typing import Protocol
 
 import torch
 
-from ..sampling import SamplingParams
+from ..sampling import BatchSampling
 
 
 class Drafter(Protocol):
-    vocab_size: int
-    forward_calls: int
+    forward_calls: int  # model forwards spent drafting (0 for a drafter with no model)
+    # Optional: `needs_hidden_states = True` makes the loop ask the target for its last hidden states and hand
+    # them to prefill() and update() (EAGLE/Medusa-style heads); off by default, and then free.
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None) -> None:
         """Take the (left-padded) prompts of a new batch."""
 
-    def propose(self, k: int, params: SamplingParams,
-                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """k draft tokens per row [B, k] and the distributions q [B, k, V] they were drawn from.
+    def max_drafts(self, k: int) -> list[int]:
+        """Per row, how many of k drafts the drafter can really propose now (prompt lookup: its match length)."""
 
-        q must be exactly the distribution each token was sampled from, after the same warping as the target's
-        (a deterministic drafter returns one-hot rows). In greedy mode q may be None.
+    def propose(self, k: int, sampling: BatchSampling, uniforms: torch.Tensor | None,
+                num_drafts: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """k draft tokens per row [B, k], and q [S, k, V] for the S sampled rows of `sampling`, or None.
+
+        q must be exactly the distribution each sampled row's token was drawn from, after the same warping as the
+        target's (`sampling.probs`). A drafter that proposes deterministically returns q=None: the rejection step
+        then treats its drafts as one-hot proposals, exactly, without a dense tensor. Greedy rows take argmaxes.
+        uniforms [B, k]: row b's own random numbers for its first num_drafts[b] drafts; drafts past
+        num_drafts[b] are ignored by the verification and must not use randomness.
         """
 
     def update(self, drafts: list[list[int]], num_accepted: list[int], next_tokens: list[int]) -> None:

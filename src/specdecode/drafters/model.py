@@ -4,23 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..backends.base import ModelBackend
-from ..sampling import SamplingParams, greedy, logits_to_probs, sample
-
-
-def pad(rows: list[list[int]], device, side: str = "left") -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token lists of different lengths → ids [B, n] and a validity mask (None when nothing is padded)."""
-    width = max(len(r) for r in rows)
-    if all(len(r) == width for r in rows):
-        return torch.tensor(rows, dtype=torch.long, device=device), None
-    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-    valid = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
-    for b, r in enumerate(rows):
-        if r:
-            span = slice(width - len(r), width) if side == "left" else slice(0, len(r))
-            ids[b, span] = torch.tensor(r, dtype=torch.long)
-            valid[b, span] = True
-    return ids, valid
+from ..backends.base import ModelBackend, pad
+from ..sampling import BatchSampling, sample_with_uniforms
 
 
 class ModelDrafter:
@@ -47,19 +32,22 @@ class ModelDrafter:
         self._fed = []
         self._proposed = 0
 
-    def propose(self, k: int, params: SamplingParams, generator):
+    def max_drafts(self, k: int) -> list[int]:
+        return [k] * len(self._pending)
+
+    def propose(self, k: int, sampling: BatchSampling, uniforms, num_drafts):
         self._fed = [n + len(p) for n, p in zip(self.backend.lengths, self._pending)]
         # Right padding: the new tokens sit right after each row's cached ones (exact for sliding windows too).
         ids, valid = pad(self._pending, self.backend.device, side="right")
         tokens, probs = [], []
+        sampled = sampling.sampled_index
         for i in range(k):
             logits = self.backend.forward(ids, valid, last_only=True)[:, -1]
             self.forward_calls += 1
-            if params.greedy:
-                token = greedy(logits)
-            else:
-                q = logits_to_probs(logits, params)
-                token = sample(q, generator)
+            token = torch.argmax(logits, dim=-1)
+            if not sampling.all_greedy:
+                q = sampling.probs(logits)
+                token[sampled] = sample_with_uniforms(q, uniforms[sampled, i])
                 probs.append(q)
             tokens.append(token)
             ids, valid = token.unsqueeze(1), None
