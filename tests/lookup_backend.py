@@ -4,6 +4,8 @@ grow, trim and select exactly, so it exercises the backend interface as a third-
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 
@@ -56,6 +58,14 @@ class LookupBackend:
         if output_hidden:
             return out, out.clone()
         return out
+
+    def fork(self, batch_size: int) -> "LookupBackend":
+        other = copy.copy(self)
+        other.reset(batch_size)
+        return other
+
+    def merge(self, other: "LookupBackend") -> None:
+        self.history += other.history
 
     def trim(self, lengths: list[int]) -> None:
         self.history = [h[:n] for h, n in zip(self.history, lengths)]

@@ -103,3 +103,23 @@ def test_draft_of_another_architecture(references, arch_pair):
     result = SpeculativeGenerator(target, draft, num_speculative_tokens=3).generate(
         PROMPTS, max_new_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     assert result.token_ids == references
+
+
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_rows_joining_a_running_batch_equal_target_greedy(arch_pair, references, chunk):
+    """Continuous batching: prompts join between steps (prefilled in chunks beside the running rows, then merged
+    into the shared cache with left-padded slots) and each still equals its prompt decoded alone."""
+    _, target, draft = arch_pair
+    gen = SpeculativeGenerator(target, draft, num_speculative_tokens=3)
+    session = gen.session(prefill_tokens_per_step=chunk)
+    rows = {session.add(gen.request(PROMPTS[0], NEW_TOKENS, temperature=0.0, ignore_eos=True)): 0}
+    tokens: dict[int, list[int]] = {}
+    joins = {2: 1, 4: 2, 5: 3}  # step number -> prompt that joins then
+    step = 0
+    while not session.idle or joins:
+        step += 1
+        if step in joins:
+            rows[session.add(gen.request(PROMPTS[joins.pop(step)], NEW_TOKENS, temperature=0.0, ignore_eos=True))] = 0
+        for event in session.step():
+            tokens.setdefault(event.row, []).append(event.token_id)
+    assert [tokens[r] for r in sorted(rows)] == references

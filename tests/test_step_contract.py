@@ -119,6 +119,9 @@ def test_hidden_states_are_handed_to_a_drafter_that_asks_and_cost_nothing_otherw
     class FeatureDrafter(PromptLookupDrafter):
         needs_hidden_states = True
 
+        def fork(self, batch_size):
+            return FeatureDrafter()
+
         def prefill(self, input_ids, valid, hidden=None):
             seen.append(("prefill", tuple(hidden.shape)))
             super().prefill(input_ids, valid)

@@ -1,12 +1,16 @@
 """The decoding loop: prefill, draft K, verify K+1 in one target forward, accept, roll back, repeat.
 
-`SpeculativeGenerator` is the speculative loop; `AutoregressiveGenerator` is the same loop with no drafter
-(K = 0), so plain and speculative decoding share every line of bookkeeping and return the same result type.
+`SpeculativeGenerator` holds the models, the sampler settings and the speculation policy; a `DecodingSession`
+is one running batch: rows join at a step boundary (their prompts prefilled in chunks beside the running rows,
+then merged into the shared cache) and leave when they finish, so a server can batch continuously. `generate`
+and `stream` are a session whose rows all join at once. `AutoregressiveGenerator` is the same loop with no
+drafter (K = 0): plain and speculative decoding share every line of bookkeeping and return the same result type.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
@@ -25,12 +29,23 @@ Prompts = str | Sequence[str] | Sequence[Sequence[int]]
 
 
 @dataclass
+class Request:
+    """One prompt with its own settings: what a row of a batch is made from."""
+
+    prompt: list[int]
+    max_new_tokens: int = 64
+    params: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None
+    stop_ids: frozenset[int] = frozenset()
+    stops: tuple[str, ...] = ()
+
+
+@dataclass
 class _Row:
-    """Host-side state of one prompt of the batch."""
+    """Host-side state of one row of the batch."""
 
     index: int
-    prompt: list[int]
-    max_new_tokens: int
+    request: Request
     detok: IncrementalDetokenizer | None
     fixed_k: int | None  # a K the policy may not change for this row (seeded sampling under "auto")
     policy_state: object
@@ -42,7 +57,7 @@ class _Row:
 
     @property
     def remaining(self) -> int:
-        return self.max_new_tokens - len(self.tokens)
+        return self.request.max_new_tokens - len(self.tokens)
 
 
 class TokenStream:
@@ -52,25 +67,22 @@ class TokenStream:
     iterator early ends them all.
     """
 
-    def __init__(self, steps_factory: Callable[[set[int]], Iterator[list[TokenEvent]]]):
-        self.cancelled: set[int] = set()
-        self._steps = steps_factory(self.cancelled)
+    def __init__(self, session: "DecodingSession", rows: list[int]):
+        self.session, self.rows = session, rows
         self.result: GenerationResult | None = None
+        self._closed = False
 
     def cancel(self, row: int) -> None:
-        self.cancelled.add(row)
+        self.session.cancel(row)
 
     def __iter__(self) -> Iterator[TokenEvent]:
-        while True:
-            try:
-                events = next(self._steps)
-            except StopIteration as done:
-                self.result = done.value
-                return
-            yield from events
+        while not self._closed and not self.session.idle:
+            yield from self.session.step()
+        if not self._closed:
+            self.result = self.session.result(self.rows)
 
     def close(self) -> None:
-        self._steps.close()
+        self._closed = True
 
 
 def _unwrap(model_or_loaded):
@@ -90,11 +102,11 @@ class SpeculativeGenerator:
 
     target: a Hugging Face causal LM, what `load_model` returns (model + tokenizer), or a ModelBackend.
     draft: the same kinds, or any Drafter. num_speculative_tokens: "auto" (the speculation policy picks K before
-    every step, 0..max_speculative_tokens, from measured acceptance and costs; never slower than plain decoding
-    by design) or a fixed K. method: "leviathan" (Algorithm 1, vectorised) or "chen" (Algorithm 2, the
-    sequential loop). vocab_size: the shared vocabulary, needed only when two bare models without tokenizers have
-    embedding matrices of different sizes. timing: time each phase (draft, verify); on a GPU this costs a host
-    sync per phase, so there it is off unless asked for (the policy then learns whole-step costs).
+    every step, 0..max_speculative_tokens, from measured acceptance and costs, and decodes plainly when no K pays)
+    or a fixed K. method: "leviathan" (Algorithm 1, vectorised) or "chen" (Algorithm 2, the sequential loop).
+    vocab_size: the shared vocabulary, needed only when two bare models without tokenizers have embedding
+    matrices of different sizes. timing: time each phase (draft, verify); on a GPU this costs a host sync per
+    phase, so there it is off unless asked for (the policy then learns whole-step costs).
     """
 
     provenance_of_last = ("resampled", "bonus")
@@ -112,8 +124,8 @@ class SpeculativeGenerator:
         self.target = as_backend(target_model, vocab)
         self.drafter = as_drafter(draft_model, vocab)
         self.max_speculative_tokens = max_speculative_tokens
-        self.policy = make_policy(num_speculative_tokens if draft is not None else 0, max_speculative_tokens)
         self.num_speculative_tokens = num_speculative_tokens if draft is not None else 0
+        self.policy = make_policy(self.num_speculative_tokens, max_speculative_tokens)
         self.method = method
         self.timing = self.target.device.type != "cuda" if timing is None else timing
         self.eos_token_ids = set(getattr(self.target, "eos_token_ids", ())) | _tokenizer_eos(self.tokenizer)
@@ -161,186 +173,48 @@ class SpeculativeGenerator:
         output depends only on its own prompt, settings and seed, never on the other rows of the batch: an int
         seed S seeds row i with S + i, so row i equals a solo call with seed=S + i.
         """
-        prompt_ids = self._encode(prompts)
+        prompt_ids = self.encode(prompts)
         n = len(prompt_ids)
-        params = [SamplingParams(t, k, p) for t, k, p in zip(_per_row(temperature, n, "temperature"),
-                                                            _per_row(top_k, n, "top_k"), _per_row(top_p, n, "top_p"))]
-        seeds = _row_seeds(seed, n)
-        limits = _per_row(max_new_tokens, n, "max_new_tokens")
-        for i, (ids, limit) in enumerate(zip(prompt_ids, limits)):
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-                raise ValueError(f"max_new_tokens must be an integer >= 1, got {limit!r}")
-            context = self.target.max_positions
-            if context and len(ids) + limit > context:
-                raise ValueError(f"prompt {i} has {len(ids)} tokens; with max_new_tokens={limit} that exceeds the "
-                                 f"model's context of {context} tokens: shorten the prompt or lower max_new_tokens")
-        policy = self.policy
+        settings = zip(prompt_ids, _per_row(max_new_tokens, n, "max_new_tokens"),
+                       _per_row(temperature, n, "temperature"), _per_row(top_k, n, "top_k"),
+                       _per_row(top_p, n, "top_p"), _row_seeds(seed, n))
+        requests = [self.request(ids, limit, t, k, p, s, ignore_eos, stop, stop_token_ids)
+                    for ids, limit, t, k, p, s in settings]
+        policy = None
         if num_speculative_tokens is not None and num_speculative_tokens != self.num_speculative_tokens:
             policy = make_policy(num_speculative_tokens if self.drafter is not None else 0,
                                  self.max_speculative_tokens)
+        session = DecodingSession(self, policy)
+        return TokenStream(session, [session.add(r) for r in requests])
+
+    def request(self, prompt_ids: list[int], max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
+                top_p: float = 1.0, seed: int | None = None, ignore_eos: bool = False,
+                stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None) -> Request:
+        """A checked Request for one prompt of token ids (clear errors before any work)."""
+        params = SamplingParams(temperature, top_k, top_p)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        context = self.target.max_positions
+        if context and len(prompt_ids) + max_new_tokens > context:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens; with max_new_tokens={max_new_tokens} that "
+                             f"exceeds the model's context of {context} tokens: shorten the prompt or lower "
+                             f"max_new_tokens")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"seed must be an integer (or None), got {seed!r}")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             raise ValueError("stop strings must be non-empty strings")
         if stops and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer: pass tokenizer= or use load_model()")
-        stop_ids = set(stop_token_ids or ()) | (set() if ignore_eos else self.eos_token_ids)
-        return TokenStream(lambda cancelled: self._run(prompt_ids, limits, params, seeds, stop_ids, stops, policy,
-                                                       cancelled))
+        stop_ids = frozenset(stop_token_ids or ()) | (frozenset() if ignore_eos else frozenset(self.eos_token_ids))
+        return Request(list(prompt_ids), max_new_tokens, params, seed, stop_ids, tuple(stops))
 
-    # ------------------------------------------------------------------ the loop
-    def _run(self, prompt_ids, limits, params, seeds, stop_ids, stops, policy, cancelled):
-        device = self.target.device
-        sampling = BatchSampling(params, device)
-        generators = RowGenerators(seeds, device)  # each row's own randomness: seeded once, here
-        adaptive = policy.name == "adaptive"
-        rows = [_Row(i, p, limit, IncrementalDetokenizer(self.tokenizer, p) if self.tokenizer else None,
-                     min(self.seeded_k, policy.max_k) if adaptive and seed is not None and not par.greedy else None,
-                     policy.new_row())
-                for i, (p, limit, par, seed) in enumerate(zip(prompt_ids, limits, params, seeds))]
-        stats = Stats(num_rows=len(rows), prompt_tokens=sum(map(len, prompt_ids)), num_speculative_tokens=policy.max_k,
-                      accepted_per_position=[0] * policy.max_k, proposed_per_position=[0] * policy.max_k,
-                      policy="auto" if adaptive else "fixed")
-        hidden_wanted = getattr(self.drafter, "needs_hidden_states", False)
-        start = time.perf_counter()
+    def session(self, policy=None, prefill_tokens_per_step: int | None = None) -> "DecodingSession":
+        """A batch that rows join and leave between steps (continuous batching; see DecodingSession)."""
+        return DecodingSession(self, policy, prefill_tokens_per_step)
 
-        # Prefill both models on the whole prompt; the target's last logits give the first new token.
-        ids, valid = pad(prompt_ids, device, side="left")
-        self.target.reset(len(rows))
-        logits, hidden = self._target_forward(ids, valid, hidden_wanted, last_only=True)
-        u = generators.uniforms([0 if g else 1 for g in sampling.greedy_rows])
-        first = self._verify(ids[:, :0], None, logits[:, -1:], sampling, u, [0] * len(rows))[1].tolist()
-        stats.target_forward_calls += 1
-        if self.drafter is not None:
-            drafter_calls = self.drafter.forward_calls
-            self.drafter.prefill(ids, valid, **({"hidden": hidden} if hidden_wanted else {}))
-            self.drafter.update([[] for _ in rows], [0] * len(rows), first)
-            stats.draft_forward_calls += self.drafter.forward_calls - drafter_calls
-        stats.num_rows_with_first_token = len(rows)
-        stats.prefill_time_s = time.perf_counter() - start
-        events = [e for row, t in zip(rows, first) for e in self._emit(row, [t], ["target"], stop_ids, stops)]
-        active, sampling = self._drop_finished(rows, rows, sampling, generators, cancelled)
-        yield events
-
-        while active:
-            t0 = time.perf_counter()
-            k_rows = self._choose_k(active, policy)
-            k = max(k_rows)
-            last = torch.tensor([[r.tokens[-1]] for r in active], dtype=torch.long, device=device)
-            lengths = self.target.lengths
-            u_draft, u_verify = generators.step_uniforms(k_rows, sampling.greedy_rows)
-            if k > 0:
-                drafter_calls = self.drafter.forward_calls
-                drafts, q = self.drafter.propose(k, sampling, u_draft, k_rows)
-                drafts = drafts.to(device)
-                stats.draft_forward_calls += self.drafter.forward_calls - drafter_calls
-            else:
-                drafts, q = last[:, :0], None
-            t1 = self._clock(device)
-            logits, hidden = self._target_forward(torch.cat([last, drafts], dim=1), None, hidden_wanted)
-            num_accepted, next_token = self._verify(drafts, q, logits, sampling, u_verify, k_rows)
-            t2 = self._clock(device)
-            drafts_l, accepted_l, next_l = drafts.tolist(), num_accepted.tolist(), next_token.tolist()  # the sync
-            t2 = t2 if self.timing else time.perf_counter()
-            self.target.trim([n + 1 + a for n, a in zip(lengths, accepted_l)])
-            if self.drafter is not None:
-                self.drafter.update(drafts_l, accepted_l, next_l, **({"hidden": hidden} if hidden_wanted else {}))
-            policy.observe([r.policy_state for r in active], k, accepted_l, len(active), t1 - t0, t2 - t1, k_rows)
-
-            stats.add_verification(k_rows, accepted_l)
-            events = []
-            for row, d, kr, a, t in zip(active, drafts_l, k_rows, accepted_l, next_l):
-                row.stats.add_verification(kr, a)
-                last_kind = "target" if kr == 0 else self.provenance_of_last[a == kr]
-                events += self._emit(row, d[:a] + [t], ["accepted"] * a + [last_kind], stop_ids, stops)
-            active, sampling = self._drop_finished(active, rows, sampling, generators, cancelled)
-            t3 = time.perf_counter()
-            stats.draft_time_s += t1 - t0
-            stats.verify_time_s += t2 - t1
-            stats.other_time_s += t3 - t2
-            yield events
-
-        for row in rows:
-            row.stats.new_tokens = len(row.tokens)
-        stats.new_tokens = sum(len(r.tokens) for r in rows)
-        stats.wall_time_s = time.perf_counter() - start
-        stats.policy_summary = policy.summary()
-        return self._result(rows, stats)
-
-    # ------------------------------------------------------------------ helpers
-    def _choose_k(self, active: list[_Row], policy) -> list[int]:
-        """K for each row before its drafts are drawn (what keeps the choice lossless): the policy's, capped."""
-        caps = [r.remaining - 1 for r in active]
-        if self.drafter is None or policy.max_k == 0 or max(caps) <= 0:
-            return [0] * len(active)
-        caps = [min(c, d) for c, d in zip(caps, self.drafter.max_drafts(policy.max_k))]
-        k = policy.choose([r.policy_state for r in active], caps)
-        return [min(k if r.fixed_k is None else r.fixed_k, c) for r, c in zip(active, caps)]
-
-    def _target_forward(self, ids, valid, hidden_wanted: bool, last_only: bool = False):
-        if hidden_wanted:
-            return self.target.forward(ids, valid, last_only=last_only, output_hidden=True)
-        return self.target.forward(ids, valid, last_only=last_only), None
-
-    def _verify(self, drafts, q, logits, sampling: BatchSampling, u, k_rows):
-        """(num_accepted, next_token) per row: greedy rows by argmax, sampled rows by the rejection sampler."""
-        if sampling.all_greedy:
-            return verify_greedy(drafts, logits, k_rows)
-        s = sampling.sampled_index
-        k_rows = torch.tensor(k_rows, device=logits.device)
-        accepted, tokens = verify(drafts[s], q, sampling.probs(logits), u[s], self.method, k_rows[s])
-        if not sampling.any_greedy:
-            return accepted, tokens
-        g = torch.tensor([i for i, greedy in enumerate(sampling.greedy_rows) if greedy], device=logits.device)
-        g_accepted, g_tokens = verify_greedy(drafts[g], logits[g], k_rows[g])
-        num_accepted = torch.empty(len(sampling), dtype=torch.long, device=logits.device)
-        next_token = torch.empty_like(num_accepted)
-        num_accepted[s], next_token[s] = accepted, tokens
-        num_accepted[g], next_token[g] = g_accepted, g_tokens
-        return num_accepted, next_token
-
-    def _clock(self, device) -> float:
-        if self.timing and device.type == "cuda":  # kernels run asynchronously: wait so each phase gets its time
-            torch.cuda.synchronize(device)
-        return time.perf_counter()
-
-    def _emit(self, row: _Row, tokens: list[int], kinds: list[str], stop_ids: set[int],
-              stops: list[str]) -> list[TokenEvent]:
-        """Append tokens to a row until it finishes; return their events."""
-        events = []
-        for token, kind in zip(tokens, kinds):
-            row.tokens.append(token)
-            row.provenance.append(kind)
-            text = row.detok.add(token) if row.detok is not None else None
-            if token in stop_ids:
-                row.finish_reason = "stop"
-            elif stops and (hit := _find_stop(row.detok.text, text, stops)) is not None:
-                row.finish_reason, row.stop_at = "stop", hit
-                text = text[: max(0, len(text) - (len(row.detok.text) - hit))]
-            elif row.remaining == 0:
-                row.finish_reason = "length"
-            done = row.finish_reason is not None
-            if done and row.detok is not None and row.stop_at is None:
-                text += row.detok.flush()
-            events.append(TokenEvent(row.index, token, kind, text, done, row.finish_reason))
-            if done:
-                break
-        return events
-
-    def _drop_finished(self, active: list[_Row], rows, sampling: BatchSampling, generators: RowGenerators,
-                       cancelled: set[int]) -> tuple[list[_Row], BatchSampling]:
-        for row in active:
-            if row.finish_reason is None and row.index in cancelled:
-                row.finish_reason = "cancelled"
-        keep = [i for i, r in enumerate(active) if r.finish_reason is None]
-        if keep and len(keep) < len(active):
-            self.target.select_rows(keep)
-            if self.drafter is not None:
-                self.drafter.select_rows(keep)
-            generators.select(keep)
-            sampling = sampling.select(keep)
-        return [active[i] for i in keep], sampling
-
-    def _encode(self, prompts: Prompts) -> list[list[int]]:
+    def encode(self, prompts: Prompts) -> list[list[int]]:
+        """Token ids of each prompt (text needs the tokenizer); clear errors for empty or out-of-vocabulary ones."""
         if isinstance(prompts, torch.Tensor):
             prompts = prompts.tolist()
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
@@ -363,18 +237,243 @@ class SpeculativeGenerator:
             encoded.append(ids)
         return encoded
 
-    def _result(self, rows: list[_Row], stats: Stats) -> GenerationResult:
+
+class DecodingSession:
+    """One running batch on a generator's models: rows join between steps and leave when they finish.
+
+    add() queues a request; each step() first prefills queued prompts (at most prefill_tokens_per_step prompt
+    tokens per step, None = all at once) in a cache of their own, merges rows whose prompt is done into the
+    running batch with their first token, then runs one speculative step for every running row. A session owns
+    the generator's caches while it runs: one session per generator at a time.
+    """
+
+    def __init__(self, gen: SpeculativeGenerator, policy=None, prefill_tokens_per_step: int | None = None):
+        self.gen, self.target, self.drafter = gen, gen.target, gen.drafter
+        self.policy = policy or gen.policy
+        self.adaptive = self.policy.name == "adaptive"
+        self.prefill_tokens_per_step = prefill_tokens_per_step
+        self.device = self.target.device
+        self.rows: dict[int, _Row] = {}
+        self.active: list[_Row] = []
+        self.waiting: deque[_Row] = deque()
+        self._staging = None  # rows being prefilled: (rows, target fork, ids, valid, next column)
+        self.sampling = BatchSampling([], self.device)
+        self.generators = RowGenerators([], self.device)
+        self.cancelled: set[int] = set()
+        self.hidden_wanted = getattr(self.drafter, "needs_hidden_states", False)
+        max_k = self.policy.max_k
+        self.stats = Stats(num_speculative_tokens=max_k, accepted_per_position=[0] * max_k,
+                           proposed_per_position=[0] * max_k, policy="auto" if self.adaptive else "fixed")
+        self._started = None
+        self.target.reset(0)
+        if self.drafter is not None:
+            self.drafter.select_rows([])  # an empty batch: rows join through fork and merge
+
+    @property
+    def idle(self) -> bool:
+        return not self.active and not self.waiting and self._staging is None
+
+    @property
+    def running(self) -> int:
+        return len(self.active)
+
+    @property
+    def queued(self) -> int:
+        return len(self.waiting) + (len(self._staging[0]) if self._staging else 0)
+
+    def add(self, request: Request) -> int:
+        """Queue a request; returns its row id (TokenEvent.row of its tokens). It joins at the next step."""
+        index = len(self.rows)
+        fixed = self.adaptive and request.seed is not None and not request.params.greedy
+        tok = self.gen.tokenizer
+        row = _Row(index, request, IncrementalDetokenizer(tok, request.prompt) if tok else None,
+                   min(self.gen.seeded_k, self.policy.max_k) if fixed else None, self.policy.new_row())
+        self.rows[index] = row
+        self.waiting.append(row)
+        self.stats.num_rows += 1
+        self.stats.prompt_tokens += len(request.prompt)
+        return index
+
+    def cancel(self, index: int) -> None:
+        """End a row at the next step boundary (finish_reason "cancelled"), wherever it is."""
+        self.cancelled.add(index)
+
+    def step(self) -> list[TokenEvent]:
+        if self._started is None:
+            self._started = time.perf_counter()
+        events = self._admit()
+        if self.active:
+            events += self._decode_step()
+        self.stats.wall_time_s = time.perf_counter() - self._started
+        return events
+
+    # ------------------------------------------------------------------ joining
+    def _admit(self) -> list[TokenEvent]:
+        """Prefill queued prompts (a chunk per step) beside the running rows; merge those that are done."""
+        for row in list(self.waiting):
+            if row.index in self.cancelled:
+                self.waiting.remove(row)
+                row.finish_reason = "cancelled"
+        if self._staging is None and self.waiting:
+            rows = list(self.waiting)
+            self.waiting.clear()
+            ids, valid = pad([r.request.prompt for r in rows], self.device, side="left")
+            self._staging = [rows, self.target.fork(len(rows)), ids, valid, 0]
+        if self._staging is None:
+            return []
+        start = time.perf_counter()
+        rows, fork, ids, valid, col = self._staging
+        width = ids.shape[1]
+        step_cols = width - col
+        if self.prefill_tokens_per_step:
+            step_cols = min(step_cols, max(1, self.prefill_tokens_per_step // len(rows)))
+        end = col + step_cols
+        chunk_valid = valid[:, col:end] if valid is not None else None
+        logits, hidden = _forward(fork, ids[:, col:end], chunk_valid, self.hidden_wanted, last_only=True)
+        self.stats.target_forward_calls += 1
+        if end < width:
+            self._staging[4] = end
+            self.stats.prefill_time_s += time.perf_counter() - start
+            return []
+        self._staging = None
+        sampling = BatchSampling([r.request.params for r in rows], self.device)
+        generators = RowGenerators([r.request.seed for r in rows], self.device)
+        u = generators.uniforms([0 if g else 1 for g in sampling.greedy_rows])
+        first = _verify(ids[:, :0], None, logits[:, -1:], sampling, u, [0] * len(rows), self.gen.method)[1].tolist()
+        drafter = None
+        if self.drafter is not None:
+            drafter = self.drafter.fork(len(rows))
+            calls = drafter.forward_calls
+            drafter.prefill(ids, valid, **({"hidden": hidden} if self.hidden_wanted else {}))
+            drafter.update([[] for _ in rows], [0] * len(rows), first)
+            self.stats.draft_forward_calls += drafter.forward_calls - calls
+        self.stats.num_rows_with_first_token += len(rows)
+        events = [e for row, t in zip(rows, first) for e in self._emit(row, [t], ["target"])]
+        keep = [i for i, r in enumerate(rows) if r.finish_reason is None and r.index not in self.cancelled]
+        for i, r in enumerate(rows):
+            if r.finish_reason is None and i not in keep:
+                r.finish_reason = "cancelled"
+        if keep:
+            fork.select_rows(keep)
+            self.target.merge(fork)
+            if drafter is not None:
+                drafter.select_rows(keep)
+                self.drafter.merge(drafter)
+            generators.select(keep)
+            self.generators.extend(generators)
+            self.sampling = BatchSampling(self.sampling.params + [rows[i].request.params for i in keep], self.device)
+            self.active += [rows[i] for i in keep]
+        self.stats.prefill_time_s += time.perf_counter() - start
+        return events
+
+    # ------------------------------------------------------------------ one speculative step
+    def _decode_step(self) -> list[TokenEvent]:
+        t0 = time.perf_counter()
+        active, sampling = self.active, self.sampling
+        k_rows = self._choose_k()
+        k = max(k_rows)
+        last = torch.tensor([[r.tokens[-1]] for r in active], dtype=torch.long, device=self.device)
+        lengths = self.target.lengths
+        u_draft, u_verify = self.generators.step_uniforms(k_rows, sampling.greedy_rows)
+        if k > 0:
+            calls = self.drafter.forward_calls
+            drafts, q = self.drafter.propose(k, sampling, u_draft, k_rows)
+            drafts = drafts.to(self.device)
+            self.stats.draft_forward_calls += self.drafter.forward_calls - calls
+        else:
+            drafts, q = last[:, :0], None
+        t1 = self._clock()
+        logits, hidden = _forward(self.target, torch.cat([last, drafts], dim=1), None, self.hidden_wanted)
+        num_accepted, next_token = _verify(drafts, q, logits, sampling, u_verify, k_rows, self.gen.method)
+        t2 = self._clock()
+        drafts_l, accepted_l, next_l = drafts.tolist(), num_accepted.tolist(), next_token.tolist()  # the one sync
+        t2 = t2 if self.gen.timing else time.perf_counter()
+        self.target.trim([n + 1 + a for n, a in zip(lengths, accepted_l)])
+        if self.drafter is not None:
+            self.drafter.update(drafts_l, accepted_l, next_l, **({"hidden": hidden} if self.hidden_wanted else {}))
+        self.policy.observe([r.policy_state for r in active], k, accepted_l, len(active), t1 - t0, t2 - t1, k_rows)
+
+        self.stats.add_verification(k_rows, accepted_l)
+        events = []
+        for row, d, kr, a, t in zip(active, drafts_l, k_rows, accepted_l, next_l):
+            row.stats.add_verification(kr, a)
+            last_kind = "target" if kr == 0 else self.gen.provenance_of_last[a == kr]
+            events += self._emit(row, d[:a] + [t], ["accepted"] * a + [last_kind])
+        self._drop_finished()
+        self.stats.draft_time_s += t1 - t0
+        self.stats.verify_time_s += t2 - t1
+        self.stats.other_time_s += time.perf_counter() - t2
+        return events
+
+    def _choose_k(self) -> list[int]:
+        """K for each row before its drafts are drawn (what keeps the choice lossless): the policy's, capped."""
+        caps = [r.remaining - 1 for r in self.active]
+        if self.drafter is None or self.policy.max_k == 0 or max(caps) <= 0:
+            return [0] * len(self.active)
+        caps = [min(c, d) for c, d in zip(caps, self.drafter.max_drafts(self.policy.max_k))]
+        k = self.policy.choose([r.policy_state for r in self.active], caps)
+        return [min(k if r.fixed_k is None else r.fixed_k, c) for r, c in zip(self.active, caps)]
+
+    def _clock(self) -> float:
+        if self.gen.timing and self.device.type == "cuda":  # kernels run asynchronously: wait to time each phase
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    # ------------------------------------------------------------------ tokens out, rows out
+    def _emit(self, row: _Row, tokens: list[int], kinds: list[str]) -> list[TokenEvent]:
+        """Append tokens to a row until it finishes; return their events."""
+        events = []
+        stop_ids, stops = row.request.stop_ids, row.request.stops
+        for token, kind in zip(tokens, kinds):
+            row.tokens.append(token)
+            row.provenance.append(kind)
+            text = row.detok.add(token) if row.detok is not None else None
+            if token in stop_ids:
+                row.finish_reason = "stop"
+            elif stops and (hit := _find_stop(row.detok.text, text, stops)) is not None:
+                row.finish_reason, row.stop_at = "stop", hit
+                text = text[: max(0, len(text) - (len(row.detok.text) - hit))]
+            elif row.remaining == 0:
+                row.finish_reason = "length"
+            done = row.finish_reason is not None
+            if done and row.detok is not None and row.stop_at is None:
+                text += row.detok.flush()
+            events.append(TokenEvent(row.index, token, kind, text, done, row.finish_reason))
+            if done:
+                break
+        return events
+
+    def _drop_finished(self) -> None:
+        for row in self.active:
+            if row.finish_reason is None and row.index in self.cancelled:
+                row.finish_reason = "cancelled"
+        keep = [i for i, r in enumerate(self.active) if r.finish_reason is None]
+        if len(keep) < len(self.active):
+            self.target.select_rows(keep)
+            if self.drafter is not None:
+                self.drafter.select_rows(keep)
+            self.generators.select(keep)
+            self.sampling = self.sampling.select(keep)
+            self.active = [self.active[i] for i in keep]
+
+    def result(self, indices: list[int] | None = None) -> GenerationResult:
+        """The GenerationResult of these rows (all by default), with the session's statistics."""
+        rows = [self.rows[i] for i in (indices if indices is not None else sorted(self.rows))]
+        for row in rows:
+            row.stats.new_tokens = len(row.tokens)
+        self.stats.new_tokens = sum(len(r.tokens) for r in self.rows.values())
+        self.stats.policy_summary = self.policy.summary()
         texts = None
-        if self.tokenizer is not None:
+        if self.gen.tokenizer is not None:
             texts = []
             for row in rows:
                 if row.stop_at is None:
                     row.detok.flush()
                 texts.append(row.detok.text[: row.stop_at] if row.stop_at is not None else row.detok.text)
-        return GenerationResult(token_ids=[r.tokens for r in rows], texts=texts, stats=stats,
+        return GenerationResult(token_ids=[r.tokens for r in rows], texts=texts, stats=self.stats,
                                 finish_reasons=[r.finish_reason for r in rows],
-                                provenance=[r.provenance for r in rows], prompt_token_ids=[r.prompt for r in rows],
-                                row_stats=[r.stats for r in rows])
+                                provenance=[r.provenance for r in rows],
+                                prompt_token_ids=[r.request.prompt for r in rows], row_stats=[r.stats for r in rows])
 
 
 class AutoregressiveGenerator(SpeculativeGenerator):
@@ -382,6 +481,31 @@ class AutoregressiveGenerator(SpeculativeGenerator):
 
     def __init__(self, target, tokenizer=None, vocab_size: int | None = None):
         super().__init__(target, None, num_speculative_tokens=0, tokenizer=tokenizer, vocab_size=vocab_size)
+
+
+def _forward(backend, ids, valid, hidden_wanted: bool, last_only: bool = False):
+    """(logits, hidden or None): hidden states are asked for only when the drafter needs them."""
+    if hidden_wanted:
+        return backend.forward(ids, valid, last_only=last_only, output_hidden=True)
+    return backend.forward(ids, valid, last_only=last_only), None
+
+
+def _verify(drafts, q, logits, sampling: BatchSampling, u, k_rows: list[int], method: str):
+    """(num_accepted, next_token) per row: greedy rows by argmax, sampled rows by the rejection sampler."""
+    if sampling.all_greedy:
+        return verify_greedy(drafts, logits, k_rows)
+    s = sampling.sampled_index
+    k_rows = torch.tensor(k_rows, device=logits.device)
+    accepted, tokens = verify(drafts[s], q, sampling.probs(logits), u[s], method, k_rows[s])
+    if not sampling.any_greedy:
+        return accepted, tokens
+    g = sampling.greedy_index
+    g_accepted, g_tokens = verify_greedy(drafts[g], logits[g], k_rows[g])
+    num_accepted = torch.empty(len(sampling), dtype=torch.long, device=logits.device)
+    next_token = torch.empty_like(num_accepted)
+    num_accepted[s], next_token[s] = accepted, tokens
+    num_accepted[g], next_token[g] = g_accepted, g_tokens
+    return num_accepted, next_token
 
 
 def _per_row(value, n: int, name: str) -> list:
@@ -392,17 +516,16 @@ def _per_row(value, n: int, name: str) -> list:
     return [value] * n
 
 
-def _row_seeds(seed, n: int) -> list[int | None]:
+def _row_seeds(seed, n: int) -> list:
     """Row seeds: an int S seeds row i with S + i; a list gives each row its own (None: fresh randomness)."""
-    seeds = _per_row(seed, n, "seed") if isinstance(seed, (list, tuple)) else (
-        [None] * n if seed is None else [seed + i for i in range(n)] if isinstance(seed, int) else [seed])
-    for s in seeds:
-        if s is not None and (isinstance(s, bool) or not isinstance(s, int)):
-            raise ValueError(f"seed must be an integer (or None, or one per prompt), got {s!r}")
-    return seeds
+    if isinstance(seed, (list, tuple)):
+        return _per_row(seed, n, "seed")
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return [seed + i for i in range(n)]
+    return [seed] * n  # None, or a bad value that request() rejects with a clear error
 
 
-def _find_stop(text: str, delta: str | None, stops: list[str]) -> int | None:
+def _find_stop(text: str, delta: str | None, stops: Sequence[str]) -> int | None:
     """Index in text where the earliest stop string begins, searching only where the new delta can reach."""
     if not delta:
         return None

@@ -92,6 +92,8 @@ class BatchSampling:
         # Per-row tensors over the rows that sample (greedy rows are never warped).
         self.sampled_index = torch.tensor([i for i, g in enumerate(self.greedy_rows) if not g], dtype=torch.long,
                                           device=self.device)
+        self.greedy_index = torch.tensor([i for i, g in enumerate(self.greedy_rows) if g], dtype=torch.long,
+                                         device=self.device)
         self.temperature = torch.tensor([p.temperature for p in sampled], dtype=torch.float32, device=self.device)
         self.top_k = [p.top_k for p in sampled]
         self.top_p = torch.tensor([p.top_p for p in sampled], dtype=torch.float32, device=self.device)

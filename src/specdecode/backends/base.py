@@ -41,9 +41,16 @@ class ModelBackend(Protocol):
     def lengths(self) -> list[int]:
         """Real tokens cached per row."""
 
+    def fork(self, batch_size: int) -> "ModelBackend":
+        """An empty cache for batch_size new rows on the same weights, to prefill prompts beside the running rows."""
+
+    def merge(self, other: "ModelBackend") -> None:
+        """Append the rows of a fork (after its prefill) to this batch, after the existing rows."""
+
 
 def is_backend(obj) -> bool:
-    return all(callable(getattr(obj, name, None)) for name in ("forward", "trim", "reset", "select_rows"))
+    return all(callable(getattr(obj, name, None)) for name in ("forward", "trim", "reset", "select_rows", "fork",
+                                                                 "merge"))
 
 
 def pad(rows: list[list[int]], device, side: str = "left") -> tuple[torch.Tensor, torch.Tensor | None]:

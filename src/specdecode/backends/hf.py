@@ -14,6 +14,7 @@ left padding before them) before any forward that follows a hole.
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 import torch
@@ -106,8 +107,34 @@ class HFBackend:
             self._drop_trailing_holes()
         self._lengths = list(lengths)
 
+    def fork(self, batch_size: int) -> "HFBackend":
+        other = copy.copy(self)  # shares the model; reset() gives it a cache of its own
+        other.reset(batch_size)
+        return other
+
+    def merge(self, other: "HFBackend") -> None:
+        """Rows of other join this batch; the shorter cache is left-padded with masked slots to align them."""
+        if not other._lengths:
+            return
+        if not self._lengths:
+            self.cache, self.mask, self._lengths, self._slots = other.cache, other.mask, list(other._lengths), other._slots
+            return
+        width = max(self._slots, other._slots)
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat([_left_pad(mine.keys, width), _left_pad(theirs.keys, width)])
+            mine.values = torch.cat([_left_pad(mine.values, width), _left_pad(theirs.values, width)])
+        self.mask = torch.cat([_left_pad_mask(self.mask, len(self._lengths), self._slots, width, self.device),
+                               _left_pad_mask(other.mask, len(other._lengths), other._slots, width, self.device)])
+        self._lengths += other._lengths
+        self._slots = width
+        if bool(self.mask.all()):
+            self.mask = None
+
     def select_rows(self, rows: list[int]) -> None:
         if rows == list(range(len(self._lengths))):
+            return
+        if not rows:
+            self.reset(0)
             return
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(index)
@@ -153,3 +180,14 @@ def _eos_ids(model) -> set[int]:
         if value is not None:
             ids.update([value] if isinstance(value, int) else value)
     return ids
+
+
+def _left_pad(kv: torch.Tensor, slots: int) -> torch.Tensor:
+    """[B, H, S, D] → [B, H, slots, D] with zeros before (masked holes, never attended)."""
+    missing = slots - kv.shape[2]
+    return kv if missing == 0 else torch.cat([kv.new_zeros(*kv.shape[:2], missing, kv.shape[3]), kv], dim=2)
+
+
+def _left_pad_mask(mask, batch: int, slots: int, width: int, device) -> torch.Tensor:
+    mask = mask if mask is not None else torch.ones(batch, slots, dtype=torch.bool, device=device)
+    return torch.cat([torch.zeros(batch, width - slots, dtype=torch.bool, device=device), mask], dim=1)

@@ -11,7 +11,8 @@ __all__ = ["Drafter", "ModelDrafter", "PromptLookupDrafter", "as_drafter", "is_d
 
 
 def is_drafter(obj) -> bool:
-    return all(callable(getattr(obj, name, None)) for name in ("propose", "update", "prefill", "select_rows"))
+    return all(callable(getattr(obj, name, None)) for name in ("propose", "update", "prefill", "select_rows", "fork",
+                                                                 "merge"))
 
 
 def as_drafter(obj, vocab_size: int | None = None) -> Drafter | None:

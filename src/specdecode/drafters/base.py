@@ -39,3 +39,9 @@ class Drafter(Protocol):
 
     def select_rows(self, rows: list[int]) -> None:
         """Keep only these rows of the batch."""
+
+    def fork(self, batch_size: int) -> "Drafter":
+        """An empty drafter on the same model for new rows (continuous batching: prefilled, then merged)."""
+
+    def merge(self, other: "Drafter") -> None:
+        """Append the rows of a fork to this batch."""

@@ -32,6 +32,14 @@ class ModelDrafter:
         self._fed = []
         self._proposed = 0
 
+    def fork(self, batch_size: int) -> "ModelDrafter":
+        return ModelDrafter(self.backend.fork(batch_size))
+
+    def merge(self, other: "ModelDrafter") -> None:
+        self.backend.merge(other.backend)
+        self._pending += other._pending
+        self.forward_calls += other.forward_calls
+
     def max_drafts(self, k: int) -> list[int]:
         return [k] * len(self._pending)
 

@@ -25,6 +25,12 @@ class PromptLookupDrafter:
         masks = valid.tolist() if valid is not None else [[True] * len(r) for r in rows]
         self._context = [[t for t, v in zip(r, m) if v] for r, m in zip(rows, masks)]
 
+    def fork(self, batch_size: int) -> "PromptLookupDrafter":
+        return PromptLookupDrafter(self.max_ngram, self.min_ngram)
+
+    def merge(self, other: "PromptLookupDrafter") -> None:
+        self._context += other._context
+
     def _lookup(self, context: list[int], k: int) -> list[int]:
         """What followed the most recent earlier occurrence of the longest matching tail n-gram ([] if none)."""
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
