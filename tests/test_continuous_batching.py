@@ -94,3 +94,18 @@ def test_an_emptied_batch_takes_new_rows(models):
     out += run(session, {0: [gen.request(PROMPTS[3], 9, temperature=0.0, ignore_eos=True)]})
     assert out[1] == gen.generate([PROMPTS[3]], max_new_tokens=9, temperature=0.0, ignore_eos=True).token_ids[0]
     assert session.stats.num_rows == 2
+
+
+def test_max_batch_makes_rows_wait_their_turn(models):
+    target, draft = models
+    gen = SpeculativeGenerator(target, draft, num_speculative_tokens=2)
+    session = gen.session(max_batch=2)
+    requests = [gen.request(p, 6, temperature=0.0, ignore_eos=True) for p in PROMPTS]
+    most = 0
+    ids = [session.add(r) for r in requests]
+    while not session.idle:
+        session.step()
+        most = max(most, session.running)
+    assert most == 2
+    solo = [gen.generate([p], max_new_tokens=6, temperature=0.0, ignore_eos=True).token_ids[0] for p in PROMPTS]
+    assert session.result(ids).token_ids == solo

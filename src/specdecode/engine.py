@@ -209,9 +209,10 @@ class SpeculativeGenerator:
         stop_ids = frozenset(stop_token_ids or ()) | (frozenset() if ignore_eos else frozenset(self.eos_token_ids))
         return Request(list(prompt_ids), max_new_tokens, params, seed, stop_ids, tuple(stops))
 
-    def session(self, policy=None, prefill_tokens_per_step: int | None = None) -> "DecodingSession":
+    def session(self, policy=None, prefill_tokens_per_step: int | None = None,
+                max_batch: int | None = None) -> "DecodingSession":
         """A batch that rows join and leave between steps (continuous batching; see DecodingSession)."""
-        return DecodingSession(self, policy, prefill_tokens_per_step)
+        return DecodingSession(self, policy, prefill_tokens_per_step, max_batch)
 
     def encode(self, prompts: Prompts) -> list[list[int]]:
         """Token ids of each prompt (text needs the tokenizer); clear errors for empty or out-of-vocabulary ones."""
@@ -243,12 +244,18 @@ class DecodingSession:
 
     add() queues a request; each step() first prefills queued prompts (at most prefill_tokens_per_step prompt
     tokens per step, None = all at once) in a cache of their own, merges rows whose prompt is done into the
-    running batch with their first token, then runs one speculative step for every running row. A session owns
-    the generator's caches while it runs: one session per generator at a time.
+    running batch with their first token, then runs one speculative step for every running row. At most
+    max_batch rows run at once, and no more than the backends' `max_rows` (llama.cpp: its sequences); the others
+    wait their turn in order. A session owns the generator's caches while it runs: one session per generator at a
+    time.
     """
 
-    def __init__(self, gen: SpeculativeGenerator, policy=None, prefill_tokens_per_step: int | None = None):
+    def __init__(self, gen: SpeculativeGenerator, policy=None, prefill_tokens_per_step: int | None = None,
+                 max_batch: int | None = None):
         self.gen, self.target, self.drafter = gen, gen.target, gen.drafter
+        # Rows that may run at once: the user's bound and what each model's cache can hold (llama.cpp: its sequences).
+        limits = [max_batch, getattr(self.target, "max_rows", None), getattr(self.drafter, "max_rows", None)]
+        self.max_batch = min((n for n in limits if n), default=None)
         self.policy = policy or gen.policy
         self.adaptive = self.policy.name == "adaptive"
         self.prefill_tokens_per_step = prefill_tokens_per_step
@@ -314,9 +321,9 @@ class DecodingSession:
             if row.index in self.cancelled:
                 self.waiting.remove(row)
                 row.finish_reason = "cancelled"
-        if self._staging is None and self.waiting:
-            rows = list(self.waiting)
-            self.waiting.clear()
+        room = len(self.waiting) if self.max_batch is None else self.max_batch - len(self.active)
+        if self._staging is None and self.waiting and room > 0:
+            rows = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
             ids, valid = pad([r.request.prompt for r in rows], self.device, side="left")
             self._staging = [rows, self.target.fork(len(rows)), ids, valid, 0]
         if self._staging is None:

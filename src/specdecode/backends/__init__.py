@@ -10,7 +10,7 @@ from importlib import import_module
 
 from .base import ModelBackend, is_backend, pad
 
-_BACKENDS = {"HFBackend": "hf", "LlamaCppBackend": "llamacpp"}
+_BACKENDS = {"HFBackend": "hf", "LlamaCppBackend": "llamacpp", "StaticBackend": "static"}
 
 __all__ = ["ModelBackend", "as_backend", "is_backend", "pad", *_BACKENDS]
 

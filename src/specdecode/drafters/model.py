@@ -19,6 +19,7 @@ class ModelDrafter:
     def __init__(self, backend: ModelBackend):
         self.backend = backend
         self.vocab_size = backend.vocab_size
+        self.max_rows = getattr(backend, "max_rows", None)  # rows its cache can hold (None: no limit)
         self.forward_calls = 0
         self._pending: list[list[int]] = []
         self._fed: list[int] = []  # cache length per row before the last proposal

@@ -1,0 +1,98 @@
+"""Greedy decoding speed on a GPU: specdecode with StaticBackend (CUDA graphs) vs with HFBackend vs transformers
+generate() vs transformers assisted generation, on random-weight models of real Qwen2.5 shapes (no download).
+
+Random weights make acceptance meaningless, so the draft is the target itself (every draft accepted): the
+speculative rows measure the machinery's best case at a fixed K, identical for ours and for assisted generation.
+The plain rows (AR) measure the backends' per-token overhead directly.
+    python bench_static_gpu.py --size 1.5B --batch 1 --new 256 -k 4
+"""
+import argparse
+import time
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from specdecode import AutoregressiveGenerator, SpeculativeGenerator
+from specdecode.backends.hf import HFBackend
+from specdecode.backends.static import StaticBackend
+
+SHAPES = {  # Qwen2.5 configs (hidden, intermediate, layers, heads, kv heads, vocab, tied embeddings)
+    "tiny": (64, 128, 2, 4, 2, 1024, True),  # for checking the script on a CPU
+    "0.5B": (896, 4864, 24, 14, 2, 151936, True),
+    "1.5B": (1536, 8960, 28, 12, 2, 151936, True),
+    "7B": (3584, 18944, 28, 28, 4, 152064, False),
+}
+
+
+def build(size, device, dtype):
+    hidden, inter, layers, heads, kv, vocab, tied = SHAPES[size]
+    config = Qwen2Config(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
+                         tie_word_embeddings=tied, max_position_embeddings=32768, rope_theta=1e6,
+                         rms_norm_eps=1e-6, eos_token_id=None)
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Qwen2ForCausalLM(config).to(dtype).eval()
+
+
+def timed(fn, device, repeats):
+    fn()  # warm-up (and CUDA graph capture for StaticBackend: shapes are captured on their second sighting)
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best, out
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", default="1.5B", choices=list(SHAPES))
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--new", type=int, default=256)
+    parser.add_argument("-k", type=int, default=4)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, args.dtype)
+    model = build(args.size, device, dtype)
+    prompts = torch.randint(0, 1000, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1)).tolist()
+    max_len = args.prompt + args.new
+    new = dict(max_new_tokens=args.new, temperature=0.0, ignore_eos=True)
+    hf_kwargs = dict(max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False, pad_token_id=0)
+    ids = torch.tensor(prompts, device=device)
+    static = StaticBackend(model, max_batch=args.batch, max_len=max_len)
+    static_draft = StaticBackend(model, max_batch=args.batch, max_len=max_len)
+    runs = {
+        "transformers generate()": lambda: model.generate(ids, **hf_kwargs)[:, args.prompt:].tolist(),
+        "ours AR, HFBackend": lambda: AutoregressiveGenerator(HFBackend(model)).generate(prompts, **new).token_ids,
+        "ours AR, StaticBackend": lambda: AutoregressiveGenerator(static).generate(prompts, **new).token_ids,
+    }
+    if args.batch == 1:  # transformers' assisted generation takes one row at a time
+        runs[f"transformers assisted, K={args.k}"] = lambda: model.generate(
+            ids, assistant_model=model, num_assistant_tokens=args.k, num_assistant_tokens_schedule="constant",
+            **hf_kwargs)[:, args.prompt:].tolist()
+    runs[f"ours speculative K={args.k}, HFBackend"] = lambda: SpeculativeGenerator(
+        HFBackend(model), HFBackend(model), num_speculative_tokens=args.k).generate(prompts, **new).token_ids
+    runs[f"ours speculative K={args.k}, StaticBackend"] = lambda: SpeculativeGenerator(
+        static, static_draft, num_speculative_tokens=args.k).generate(prompts, **new).token_ids
+    print(f"Qwen2.5-{args.size} shapes, {args.dtype}, batch {args.batch}, prompt {args.prompt}, {args.new} new "
+          f"tokens, {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}")
+    reference = None
+    for name, fn in runs.items():
+        seconds, tokens = timed(fn, device, args.repeats)
+        reference = tokens if reference is None else reference
+        same = "same tokens" if tokens == reference else "DIFFERENT tokens (bf16 batching noise?)"
+        print(f"{name:45s} {args.batch * args.new / seconds:8.1f} tok/s  ({seconds:.3f} s, {same})")
+    print(f"CUDA graphs captured: target {static.captured_graphs}, draft {static_draft.captured_graphs}")
+
+
+if __name__ == "__main__":
+    main()
