@@ -1,0 +1,320 @@
+"""How many tokens to draft before each step: K chosen online to maximise expected new tokens per second.
+
+The model. A step with K drafts costs  time(K) = K * c(B) + v(K + 1, B)  seconds, where c(B) is one draft step
+and v(n, B) one target forward of n tokens for a batch of B rows. Both are learned from the loop's own timings,
+per batch size (machine, backend, dtype and B all change them). A cost never measured for this B is estimated:
+linearly between measured n; outside them (or with nothing measured) by the shape of the nearest measured
+batch size, else of the prior v(n) = 1 + 0.15 (n - 1) target steps, scaled to the nearest measured point; an
+unmeasured draft step is 0.3 target steps. Row b drafting k tokens with conditional acceptances a_1..a_k
+(a_i = P(draft i kept | drafts 1..i-1 kept)) yields  E_b(k) = 1 + sum_{j<=k} prod_{i<=j} a_i  tokens (the 1 is
+the resampled or bonus token). The policy picks the K in 0..max_k maximising  sum_b E_b(min(K, cap_b)) / time(K);
+with a constant a this is Leviathan et al.'s (1 - a^(K+1)) / ((1 - a)(K c + v(K+1))). K = 0 is a plain step.
+
+Acceptance is counted per position, per row and for the whole batch, with exponential forgetting so the
+estimate follows the text (code inside prose, a change of topic). A row that kept n of its k drafts shows
+positions 1..n accepted and position n+1 rejected (when n < k); later positions were never tried and are not
+counted. A position with little evidence leans on a coarser estimate (shrinkage): row -> batch at that position
+-> batch pooled over positions -> a prior of 0.7, so a new row, or a deep position, is not clueless.
+
+Plain steps and probes. When no K pays the policy decodes plainly (it stops speculating only when plain steps
+look 5 % faster, so a noisy dip in the estimates does not stop it) and probes, with the K most likely to pay,
+after 8 plain steps; each failed probe doubles the wait (16, 32, ... 256), so probes cost well under 1 % in the
+long run. A probe that beat a plain step is evidence the text has changed: the old evidence is cut to 30 % and
+the probe is repeated at once, so a draft that agrees again gets speculation back within a few steps of the
+next probe; as soon as the estimates say a K pays the wait is reset to 8.
+
+Exploring costs. A K whose verification was never timed for this batch size is tried when, costed at a lower
+bound (no cheaper than a shorter forward measured, nor than 1/m of a longer one of m tokens), it could beat the
+best estimate; so a wrong prior cannot lock in a bad K. Timings are robust to warm-up (the first two samples of
+a shape keep their minimum, and a K counts as untried until it has two) and to a lone stall (each sample is
+clipped to twice the estimate before the moving average takes it).
+
+Losslessness. K (and each row's cap) is a function of what is known before the step's drafts are drawn: past
+acceptance and past timings. Given the prefix, every token a step emits has the target's distribution whatever K
+was fixed beforehand, so any such rule keeps the output distribution exact; the policy never sees the current
+step's drafts or target output. Timings are not reproducible, so adaptive K is not seed-reproducible: seeded
+sampled rows use FixedPolicy, which has the same interface.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+PRIOR_ACCEPTANCE = 0.7     # before any evidence; drives only the first step or two
+PRIOR_DRAFT_STEPS = 0.3    # an unmeasured draft step, in target steps
+PRIOR_VERIFY_SLOPE = 0.15  # an unmeasured forward of n tokens is 1 + 0.15 (n - 1) target steps
+SHRINK = 4.0               # pseudo-observations a coarser estimate is worth
+DECAY = 0.97               # evidence kept per step: a half-life of ~23 steps (~60 tokens at 3 tokens a step)
+PROBE_FORGET = 0.3         # evidence kept when a probe pays: the text has changed since it was gathered
+MARGIN = 0.05              # speculation stops only when plain steps look 5 % faster: a noisy dip must not stop it
+COST_WEIGHT = 0.1          # a cost is an EMA of its timings with weight 0.1 ...
+COST_CLIP = 2.0            # ... each clipped to 2x the estimate, so one stall (GC, another process) is not a trend
+WARM_SAMPLES = 2           # the first timings of a shape may include a warm-up: keep their minimum, and count a
+                           # K as untried (worth exploring) until it has this many
+PROBE_FIRST, PROBE_MAX = 8, 256
+
+
+class RowState:
+    """One row's decayed acceptance evidence: accepted[i] / seen[i] estimates a_{i+1}."""
+
+    __slots__ = ("accepted", "seen", "cap")
+
+    def __init__(self, max_k: int):
+        self.accepted = [0.0] * max_k
+        self.seen = [0.0] * max_k
+        self.cap: int | None = None  # this step's cap, remembered by choose() for observe()
+
+
+class _Cost:
+    """A measured cost in seconds: robust to a first call that warms up and to a lone stall."""
+
+    __slots__ = ("value", "count")
+
+    def __init__(self):
+        self.value, self.count = 0.0, 0
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        if self.count <= WARM_SAMPLES:
+            self.value = seconds if self.count == 1 else min(self.value, seconds)
+        else:
+            self.value += COST_WEIGHT * (min(seconds, COST_CLIP * self.value) - self.value)
+
+
+def _scale(counts: list[list[float]], factor: float) -> None:
+    for c in counts:
+        c[:] = [x * factor for x in c]
+
+
+def _record(row_or_batch: RowState | Policy, drafted: int, kept: int) -> None:
+    """Positions 1..kept were accepted and kept+1 rejected (if drafted); later ones were never tried."""
+    for i in range(min(kept + 1, drafted)):
+        row_or_batch.seen[i] += 1.0
+        row_or_batch.accepted[i] += i < kept
+
+
+def _shrunk(accepted: float, seen: float, prior: float) -> float:
+    return (accepted + SHRINK * prior) / (seen + SHRINK)
+
+
+class Policy(ABC):
+    """What both policies share: the acceptance and cost estimates, observe() and summary(). Subclasses choose."""
+
+    name = "policy"
+
+    def __init__(self, max_k: int, decay: float = DECAY):
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay!r}")
+        self.max_k = max_k
+        self.decay = decay
+        self.probes = self.explorations = 0
+        self.accepted, self.seen = [0.0] * self.max_k, [0.0] * self.max_k  # the batch's evidence
+        self._verify: dict[int, dict[int, _Cost]] = {}  # batch size -> tokens -> seconds
+        self._draft: dict[int, _Cost] = {}  # batch size -> seconds per draft step
+        self._histogram: dict[int, int] = {}
+
+    def new_row(self) -> RowState:
+        return RowState(self.max_k)
+
+    @abstractmethod
+    def choose(self, rows: list[RowState], caps: list[int]) -> int:
+        """One K for the batch, in 0..max_k; row b then drafts min(K, caps[b])."""
+
+    def _remember(self, rows: list[RowState], caps: list[int]) -> int:
+        """Stores each row's cap for observe(); returns the largest K any row can use."""
+        if len(rows) != len(caps) or any(cap < 0 for cap in caps):
+            raise ValueError(f"choose() got {len(rows)} rows and caps {caps}: pass one cap >= 0 per row")
+        for row, cap in zip(rows, caps):
+            row.cap = cap
+        return min(self.max_k, max(caps, default=0))
+
+    # ------------------------------------------------------------------ after a step
+    def observe(self, rows: list[RowState], k: int, accepted: list[int], batch_size: int,
+                draft_seconds: float, verify_seconds: float, drafted: list[int] | None = None) -> None:
+        """Record a step: k drafts (0 = plain step), accepted[b] of row b's drafts kept, its timings.
+
+        drafted[b] is how many drafts row b got; by default min(k, the cap choose() was given for it)."""
+        drafted = self._drafted(rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted)
+        self._histogram[k] = self._histogram.get(k, 0) + 1
+        self._verify.setdefault(batch_size, {}).setdefault(k + 1, _Cost()).add(verify_seconds)
+        if k == 0:
+            return
+        self._draft.setdefault(batch_size, _Cost()).add(draft_seconds / k)
+        _scale([self.accepted, self.seen], self.decay)  # the batch decays once per step, not once per row
+        for row, n, kept in zip(rows, drafted, accepted):
+            if n:
+                _scale([row.accepted, row.seen], self.decay)
+                _record(row, n, kept)
+                _record(self, n, kept)
+
+    def _drafted(self, rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted) -> list[int]:
+        """Checks an observation before anything is recorded; returns each row's number of drafts."""
+        if not 0 <= k <= self.max_k or len(accepted) != len(rows) or len(drafted or rows) != len(rows):
+            raise ValueError(f"observe() got k={k} (max_k={self.max_k}) and {len(rows)} rows, {len(accepted)} "
+                             f"accepted counts: pass one count per row and a k in 0..max_k")
+        if batch_size < 1 or draft_seconds < 0 or verify_seconds < 0:
+            raise ValueError("observe() needs batch_size >= 1 and non-negative timings")
+        if drafted is None:
+            drafted = [k if row.cap is None else min(k, row.cap) for row in rows]
+        for n, kept in zip(drafted, accepted):
+            if not 0 <= kept <= n <= k:
+                raise ValueError(f"a row kept {kept} drafts out of {n} (k={k}): accepted[b] counts row b's kept "
+                                 f"drafts")
+        return drafted
+
+    # ------------------------------------------------------------------ estimates
+    def batch_acceptance(self) -> list[float]:
+        """a_1..a_max_k for the batch as a whole."""
+        pooled = _shrunk(sum(self.accepted), sum(self.seen), PRIOR_ACCEPTANCE)
+        return [_shrunk(a, s, pooled) for a, s in zip(self.accepted, self.seen)]
+
+    def expected_tokens(self, row: RowState, batch: list[float] | None = None) -> list[float]:
+        """E(k) for k = 0..max_k: the new tokens row expects from a step with k drafts."""
+        gains, run = [1.0], 1.0
+        for a, s, prior in zip(row.accepted, row.seen, batch or self.batch_acceptance()):
+            run *= _shrunk(a, s, prior)
+            gains.append(gains[-1] + run)
+        return gains
+
+    def verify_cost(self, n: int, batch_size: int, borrow: bool = True) -> float:
+        """Seconds (or prior target steps, before any timing) of a target forward of n tokens."""
+        points = self._verify.get(batch_size)
+        shape = self._shape if borrow else lambda m, _: 1.0 + PRIOR_VERIFY_SLOPE * (m - 1)
+        if not points:
+            return shape(n, batch_size)
+        if n in points:
+            return points[n].value
+        lo = max((m for m in points if m < n), default=None)
+        hi = min((m for m in points if m > n), default=None)
+        if lo is not None and hi is not None:
+            return points[lo].value + (points[hi].value - points[lo].value) * (n - lo) / (hi - lo)
+        near = lo if lo is not None else hi
+        return points[near].value * shape(n, batch_size) / shape(near, batch_size)
+
+    def _shape(self, n: int, batch_size: int) -> float:
+        """The curve to scale where this batch size has no timing: the nearest measured batch size's, or the prior."""
+        others = [b for b in self._verify if b != batch_size]
+        if not others:
+            return 1.0 + PRIOR_VERIFY_SLOPE * (n - 1)
+        return self.verify_cost(n, min(others, key=lambda b: (abs(b - batch_size), b)), borrow=False)
+
+    def draft_cost(self, batch_size: int) -> float:
+        if batch_size in self._draft:
+            return self._draft[batch_size].value
+        if self._draft:
+            near = min(self._draft, key=lambda b: (abs(b - batch_size), b))
+            ratio = self._draft[near].value / max(self.verify_cost(1, near), 1e-12)
+        else:
+            ratio = PRIOR_DRAFT_STEPS
+        return ratio * self.verify_cost(1, batch_size)
+
+    def step_time(self, k: int, batch_size: int) -> float:
+        return max(k * self.draft_cost(batch_size) + self.verify_cost(k + 1, batch_size), 1e-12)
+
+    def summary(self) -> dict:
+        """JSON-able: the K histogram, probes, and the current cost and acceptance estimates."""
+        steps = sum(self._histogram.values())
+        return {
+            "policy": self.name, "max_k": self.max_k, "steps": steps,
+            "k_histogram": dict(sorted(self._histogram.items())),
+            "plain_steps": self._histogram.get(0, 0),
+            "mean_k": sum(k * n for k, n in self._histogram.items()) / steps if steps else 0.0,
+            "probes": self.probes, "explorations": self.explorations,
+            "acceptance": [round(a, 4) for a in self.batch_acceptance()],
+            "costs": {b: {"draft_s": self._draft[b].value if b in self._draft else None,
+                          "verify_s": {n: m.value for n, m in sorted(self._verify[b].items())}}
+                      for b in sorted(self._verify)},
+        }
+
+
+class FixedPolicy(Policy):
+    """Always K (0 = plain decoding), as the caps allow. Measures costs and acceptance all the same, for summary()."""
+
+    name = "fixed"
+
+    def __init__(self, k: int, decay: float = DECAY):
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"FixedPolicy needs an integer K >= 0, got {k!r}")
+        super().__init__(k, decay)
+        self.k = k
+
+    def choose(self, rows: list[RowState], caps: list[int]) -> int:
+        return self._remember(rows, caps)
+
+
+class AdaptivePolicy(Policy):
+    """K in 0..max_k maximising expected new tokens per second, from measured acceptance and costs."""
+
+    name = "adaptive"
+
+    def __init__(self, max_k: int = 8, decay: float = DECAY, probe_forget: float = PROBE_FORGET,
+                 margin: float = MARGIN):
+        if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 1:
+            raise ValueError(f"AdaptivePolicy needs max_k >= 1, got {max_k!r}")
+        super().__init__(max_k, decay)
+        self.probe_forget = probe_forget
+        self.margin = margin
+        self._speculating = False
+        self._plain_run, self._wait, self._probing = 0, PROBE_FIRST, False
+
+    def choose(self, rows: list[RowState], caps: list[int]) -> int:
+        top = self._remember(rows, caps)
+        if top == 0:
+            return 0
+        batch = len(rows)
+        prior = self.batch_acceptance()
+        gains = [self.expected_tokens(row, prior) for row in rows]
+        tokens = [sum(g[min(k, cap)] for g, cap in zip(gains, caps)) for k in range(top + 1)]
+        rates = [tokens[k] / self.step_time(k, batch) for k in range(top + 1)]
+        best = max(range(top + 1), key=rates.__getitem__)  # ties go to the smaller K
+        if best == 0 and self._speculating and max(rates[1:]) * (1 + self.margin) > rates[0]:
+            best = max(range(1, top + 1), key=rates.__getitem__)  # hysteresis: a noisy dip must not stop it
+        self._speculating = best > 0
+        measured = self._verify.get(batch, {})
+        untried = {k: tokens[k] / self._optimistic_time(k, batch) for k in range(top + 1)
+                   if k + 1 not in measured or measured[k + 1].count < WARM_SAMPLES}
+        if untried and max(untried.values()) > rates[best]:
+            self.explorations += 1
+            return max(untried, key=untried.__getitem__)
+        if best > 0:
+            self._plain_run, self._wait = 0, PROBE_FIRST
+            return best
+        self._plain_run += 1
+        if self._plain_run < self._wait:
+            return 0
+        self._plain_run, self._probing = 0, True
+        self.probes += 1
+        return max(range(1, top + 1), key=rates.__getitem__)  # the K most likely to pay
+
+    def _optimistic_time(self, k: int, batch_size: int) -> float:
+        """A lower bound on a step whose forward of n = k+1 tokens is unmeasured: no cheaper than a shorter
+        forward, nor than 1/m of a longer one of m tokens (m forwards of one token cost more than one of m)."""
+        n, points = k + 1, self._verify.get(batch_size, {})
+        bounds = [p.value for m, p in points.items() if m < n] + [p.value / m for m, p in points.items() if m > n]
+        verify = max(bounds) if bounds else self.verify_cost(n, batch_size)
+        return max(k * self.draft_cost(batch_size) + verify, 1e-12)
+
+    def observe(self, rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted=None) -> None:
+        self._drafted(rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted)
+        probing, self._probing = self._probing, False
+        paid = probing and (len(rows) + sum(accepted)) / max(draft_seconds + verify_seconds, 1e-12) > \
+            len(rows) / self.verify_cost(1, batch_size)
+        if paid:  # the text has changed since the evidence that stopped speculation: let the probe outweigh it
+            _scale([self.accepted, self.seen] + [c for r in rows for c in (r.accepted, r.seen)], self.probe_forget)
+        super().observe(rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted)
+        if paid:  # one row's probe is one noisy bit: confirm it at once
+            self._plain_run = self._wait
+        elif probing:
+            self._wait = min(PROBE_MAX, 2 * self._wait)
+
+
+def make_policy(spec: int | str, max_k: int = 8) -> Policy:
+    """'auto' -> AdaptivePolicy(max_k); an integer K >= 0 (or its digits) -> FixedPolicy(K)."""
+    if isinstance(spec, str) and spec.strip().lower() == "auto":
+        return AdaptivePolicy(max_k)
+    if isinstance(spec, str) and spec.strip().isascii() and spec.strip().isdigit():
+        spec = int(spec.strip())
+    if isinstance(spec, bool) or not isinstance(spec, int) or spec < 0:
+        raise ValueError(f"num_speculative_tokens must be an integer >= 1 or 'auto' (0 for plain decoding), "
+                         f"got {spec!r}")
+    return FixedPolicy(spec)

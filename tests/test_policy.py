@@ -1,0 +1,287 @@
+"""The speculation policy on simulated machines: a cost curve v(n) (target forward of n tokens, in target steps), a
+draft step cost c, and acceptance drawn per position from a seeded random.Random. No models, no torch.
+
+Throughput is measured as expected new tokens over time, sum_t E(K_t) / sum_t time(K_t): the policy still sees
+random outcomes, but its score does not carry the outcome noise, so 0.97x thresholds test the decisions."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pytest
+
+from specdecode.policy import PROBE_MAX, AdaptivePolicy, FixedPolicy, make_policy
+
+CPU = {1: 1.0, 2: 1.39, 3: 1.40, 4: 1.42, 5: 1.82, 8: 2.6}  # a llama.cpp CPU: dips at 4 tokens
+
+
+def curve(points: dict[int, float]):
+    """v(n) through the given points, linear between them, extended with the last slope."""
+    xs = sorted(points)
+
+    def v(n: int) -> float:
+        lo = max((x for x in xs if x <= n), default=xs[0])
+        hi = min((x for x in xs if x > n), default=None)
+        if hi is None:
+            lo, hi = xs[-2], xs[-1]
+        return points[lo] + (points[hi] - points[lo]) * (n - lo) / (hi - lo)
+    return v
+
+
+def expected(alpha: float, k: int) -> float:
+    return sum(alpha ** j for j in range(k + 1))
+
+
+def leviathan(v, c: float, alpha: float, max_k: int = 8) -> list[float]:
+    """Tokens per target step of a fixed K, for K = 0..max_k."""
+    return [expected(alpha, k) / (k * c + v(k + 1)) for k in range(max_k + 1)]
+
+
+def rate_of(ks: list[int], v, c: float, alpha: float) -> float:
+    """Tokens per target step of a run of Ks (one row) relative to the best fixed K."""
+    rate = sum(expected(alpha, k) for k in ks) / sum(k * c + v(k + 1) for k in ks)
+    return rate / max(leviathan(v, c, alpha))
+
+
+def simulate(policy, steps: int, v, c: float, alpha, rows: int = 1, caps=None, seed: int = 0, jitter: float = 0.05,
+             warmup: float = 1.0):
+    """Drive choose/observe; alpha is a number or a function of the step. Returns (tokens per step-time, Ks).
+    Timings get +-jitter noise; warmup multiplies the first timing of each forward length (a first call)."""
+    rng = random.Random(seed)
+    states = [policy.new_row() for _ in range(rows)]
+    caps = caps or [policy.max_k] * rows
+    tokens = seconds = 0.0
+    ks, timed = [], set()
+    for t in range(steps):
+        a = alpha(t) if callable(alpha) else alpha
+        k = policy.choose(states, caps)
+        drafted = [min(k, cap) for cap in caps]
+        kept = []
+        for n in drafted:
+            m = 0
+            while m < n and rng.random() < a:
+                m += 1
+            kept.append(m)
+        tokens += sum(expected(a, n) for n in drafted)
+        seconds += k * c + v(k + 1)
+        noise = [1 + jitter * (2 * rng.random() - 1) for _ in range(2)]
+        first = warmup if k + 1 not in timed else 1.0
+        timed.add(k + 1)
+        policy.observe(states, k, kept, rows, k * c * noise[0], v(k + 1) * noise[1] * first)
+        ks.append(k)
+    return tokens / seconds, ks
+
+
+TRACES = {  # name: (cost curve, draft cost, acceptance, best K by the Leviathan formula)
+    "flat": (curve({1: 1.0, 2: 1.02}), 0.05, 0.9, 8),
+    "steep, K=1 wins": (curve({1: 1.0, 2: 1.25, 3: 1.9}), 0.1, 0.7, 1),
+    "steep, K=2 wins": (curve({1: 1.0, 2: 1.1, 3: 1.2, 4: 2.0}), 0.05, 0.7, 2),
+    "CPU figures": (curve(CPU), 0.1, 0.8, 3),
+}
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_traces_have_the_stated_best_k(name):
+    v, c, alpha, best = TRACES[name]
+    rates = leviathan(v, c, alpha)
+    assert max(range(9), key=rates.__getitem__) == best
+    fixed_rate, _ = simulate(FixedPolicy(best), 200, v, c, alpha)
+    assert fixed_rate == pytest.approx(rates[best])  # the simulator scores a fixed K by the formula
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_converges_to_the_best_k(name):
+    v, c, alpha, best = TRACES[name]
+    _, ks = simulate(AdaptivePolicy(8), 1000, v, c, alpha, rows=4, seed=1)
+    late = Counter(ks[300:])
+    assert late.most_common(1)[0][0] == best, late
+    assert late[best] >= 0.9 * sum(late.values()), late
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("name", TRACES)
+def test_as_fast_as_the_best_fixed_k(name, rows):
+    v, c, alpha, best = TRACES[name]
+    best_rate = max(leviathan(v, c, alpha))
+    for seed in range(2):
+        rate, _ = simulate(AdaptivePolicy(8), 1200, v, c, alpha, rows=rows, seed=seed)
+        assert rate >= 0.97 * best_rate, (seed, rate / best_rate)
+
+
+def test_robust_to_warm_up_and_timing_noise():
+    """First calls 10x slower and 20 % jitter: the CPU dip at K=3 is still found."""
+    v, c, alpha, best = TRACES["CPU figures"]
+    rate, ks = simulate(AdaptivePolicy(8), 1500, v, c, alpha, rows=2, jitter=0.2, warmup=10.0)
+    assert rate >= 0.97 * max(leviathan(v, c, alpha))
+    assert Counter(ks[500:]).most_common(1)[0][0] == best
+
+
+@pytest.mark.parametrize("c", [0.0, 0.3])  # prompt lookup (free drafts) and a draft model
+def test_turns_speculation_off_when_the_draft_never_agrees(c):
+    v = curve({1: 1.0, 2: 1.15})
+    policy = AdaptivePolicy(8)
+    rate, ks = simulate(policy, 2000, v, c, 0.0)
+    assert rate >= 0.95 * leviathan(v, c, 0.0)[0]
+    summary = policy.summary()
+    assert summary["plain_steps"] >= 0.98 * 2000 and summary["probes"] <= 15
+    # probe cost: the extra time of every speculative step over a plain one, as a share of the whole
+    extra = sum(k * c + v(k + 1) - v(1) for k in ks)
+    assert extra / (len(ks) * v(1)) < 0.05
+    # the probes back off geometrically up to the cap
+    probes = [t for t, k in enumerate(ks) if k > 0 and t > 20]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and max(gaps) <= PROBE_MAX + 1 and gaps[-1] > 100
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_turns_speculation_back_on(seed):
+    v, c = curve({1: 1.0, 2: 1.15}), 0.3
+    _, ks = simulate(AdaptivePolicy(8), 1200, v, c, lambda t: 0.0 if t < 400 else 0.9, seed=seed)
+    assert sum(k > 0 for k in ks[300:400]) <= 3  # off while the draft disagrees
+    on = next(t for t in range(400, 1200) if all(k > 0 for k in ks[t:t + 20]))
+    assert on - 400 <= 2 * PROBE_MAX + 50  # at most two probe cycles at the longest wait
+    assert rate_of(ks[-200:], v, c, 0.9) >= 0.95
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_follows_a_change_of_acceptance(seed):
+    """0.9 -> 0.3 -> 0.9 with cheap drafts: the best K goes 8 -> 1 -> 8, and speculation always pays."""
+    v, c = curve({1: 1.0, 2: 1.1}), 0.05
+    assert [max(range(9), key=leviathan(v, c, a).__getitem__) for a in (0.9, 0.3)] == [8, 1]
+    alpha = [0.9] * 300 + [0.3] * 300 + [0.9] * 300
+    _, ks = simulate(AdaptivePolicy(8), 900, v, c, lambda t: alpha[t], seed=seed)
+    for start in (0, 300, 600):
+        phase = ks[start + 60:start + 300]  # 60 steps after a change, the decayed estimates have followed
+        assert rate_of(phase, v, c, alpha[start]) >= 0.95, (start, Counter(phase))
+    assert Counter(ks[360:600]).most_common(1)[0][0] == 1
+    # 0.3 still pays: it never stops speculating (bar two plain steps that time v(1) when the rate first drops)
+    assert sum(k == 0 for k in ks[300:600]) <= 2
+
+
+def test_batch_sizes_are_learned_separately():
+    """One row is cheap to verify (K=5 wins), eight rows are compute-bound (K=1 wins)."""
+    costs = {1: (curve({1: 1.0, 2: 1.02}), 0.05), 8: (curve({1: 1.0, 2: 1.25, 3: 1.9}), 0.1)}
+    best = {b: max(range(9), key=leviathan(v, c, 0.7).__getitem__) for b, (v, c) in costs.items()}
+    assert best == {1: 5, 8: 1}
+    policy, rng = AdaptivePolicy(8), random.Random(0)
+    batches = {b: [policy.new_row() for _ in range(b)] for b in costs}
+    late = {b: [] for b in costs}
+    for t in range(1500):
+        b = rng.choice([1, 8])
+        (v, c), rows = costs[b], batches[b]
+        k = policy.choose(rows, [8] * b)
+        kept = [next((m for m in range(k) if rng.random() >= 0.7), k) for _ in rows]
+        policy.observe(rows, k, kept, b, k * c, v(k + 1))
+        if t >= 500:
+            late[b].append(k)
+    for b, (v, c) in costs.items():
+        assert rate_of(late[b], v, c, 0.7) >= 0.97, (b, Counter(late[b]))
+        assert abs(Counter(late[b]).most_common(1)[0][0] - best[b]) <= 1, (b, Counter(late[b]))
+    assert set(policy.summary()["costs"]) == {1, 8}
+
+
+def test_unobserved_positions_are_not_rejections():
+    policy = AdaptivePolicy(6)
+    row, other = policy.new_row(), policy.new_row()
+    policy.choose([row, other], [6, 2])
+    policy.observe([row, other], 4, [1, 2], 2, 0.4, 1.0)
+    assert row.seen[:6] == [1, 1, 0, 0, 0, 0] and row.accepted[:2] == [1, 0]
+    # the other row was capped at 2 drafts and kept both: nothing was rejected
+    assert other.seen == [1, 1, 0, 0, 0, 0] and other.accepted == [1, 1, 0, 0, 0, 0]
+    assert policy.seen == [2, 2, 0, 0, 0, 0] and policy.accepted == [2, 1, 0, 0, 0, 0]
+    fresh = policy.new_row()  # drafted= overrides the caps remembered by choose()
+    policy.observe([fresh], 3, [3], 1, 0.3, 1.0, drafted=[3])
+    assert fresh.seen[:4] == [1, 1, 1, 0] and fresh.accepted[:3] == [1, 1, 1]
+    with pytest.raises(ValueError, match="kept 3 drafts out of 2 "):
+        policy.observe([other], 4, [3], 1, 0.4, 1.0)
+    with pytest.raises(ValueError, match="one count per row"):
+        policy.observe([row, other], 4, [1], 2, 0.4, 1.0)
+
+
+def test_rows_have_their_own_estimates_starting_from_the_batch():
+    policy = AdaptivePolicy(4)
+    good, bad = policy.new_row(), policy.new_row()
+    rng = random.Random(0)
+    for _ in range(100):
+        policy.choose([good, bad], [4, 4])
+        kept = [next((m for m in range(4) if rng.random() >= a), 4) for a in (0.95, 0.05)]
+        policy.observe([good, bad], 4, kept, 2, 0.4, 1.2)
+    e_good, e_bad = policy.expected_tokens(good), policy.expected_tokens(bad)
+    assert e_good[4] > 3.5 and e_bad[4] < 1.5  # its deep positions lean on the batch
+    batch = policy.batch_acceptance()
+    e_new = policy.expected_tokens(policy.new_row())
+    assert e_new[1] == pytest.approx(1 + batch[0]) and e_bad[4] < e_new[4] < e_good[4]
+
+
+def test_expected_tokens_is_the_leviathan_sum():
+    policy = FixedPolicy(5)
+    row = policy.new_row()
+    row.seen, row.accepted = [1e9] * 5, [0.8e9] * 5  # a certain a_i = 0.8 at every position
+    assert policy.expected_tokens(row) == pytest.approx([expected(0.8, k) for k in range(6)], rel=1e-6)
+
+
+def test_caps_are_respected():
+    v, c = curve({1: 1.0, 2: 1.02}), 0.05
+    policy = AdaptivePolicy(8)
+    simulate(policy, 200, v, c, 0.95)  # learns that K=8 pays
+    rows = [policy.new_row(), policy.new_row()]
+    assert policy.choose(rows, [8, 8]) == 8
+    assert policy.choose(rows, [3, 1]) <= 3
+    assert policy.choose(rows, [0, 0]) == 0
+    assert policy.choose(rows, [20, 20]) <= 8
+    assert FixedPolicy(4).choose(rows, [2, 1]) == 2 and FixedPolicy(4).choose(rows, [9, 9]) == 4
+    for bad in ([4], [4, -1]):
+        with pytest.raises(ValueError, match="one cap >= 0 per row"):
+            policy.choose(rows, bad)
+
+
+def test_cost_estimates_before_and_between_measurements():
+    policy = AdaptivePolicy(8)
+    assert policy.verify_cost(5, 1) == pytest.approx(1.6) and policy.draft_cost(1) == pytest.approx(0.3)
+    rows = [policy.new_row()]
+    policy.observe(rows, 0, [0], 1, 0.0, 0.10)  # a plain step: 100 ms
+    assert policy.verify_cost(5, 1) == pytest.approx(0.16) and policy.draft_cost(1) == pytest.approx(0.03)
+    policy.observe(rows, 4, [4], 1, 0.08, 0.30)  # 5 tokens: 300 ms, drafts 20 ms each
+    assert policy.verify_cost(3, 1) == pytest.approx(0.20)  # interpolated
+    assert policy.verify_cost(9, 1) == pytest.approx(0.30 * 2.2 / 1.6)  # the prior's shape beyond
+    assert policy.draft_cost(1) == pytest.approx(0.02)
+    assert policy.verify_cost(5, 4) == pytest.approx(0.30)  # a new batch size borrows the nearest one's curve
+    policy.observe([policy.new_row() for _ in range(4)], 0, [0] * 4, 4, 0.0, 0.2)
+    assert policy.verify_cost(5, 4) == pytest.approx(0.6) and policy.draft_cost(4) == pytest.approx(0.04)
+
+
+def test_a_stall_does_not_lock_a_k_out():
+    policy = FixedPolicy(2)
+    rows = [policy.new_row()]
+    for seconds in [5.0, 1.0, 1.0, 1.0, 50.0]:  # a warm-up, then a stall
+        policy.observe(rows, 2, [1], 1, 0.2, seconds)
+    assert policy.verify_cost(3, 1) == pytest.approx(1.1)
+
+
+def test_make_policy():
+    assert isinstance(make_policy("auto"), AdaptivePolicy) and make_policy(" AUTO ", max_k=5).max_k == 5
+    for spec, k in [(4, 4), ("3", 3), (" 6 ", 6), (0, 0), ("0", 0)]:
+        policy = make_policy(spec)
+        assert type(policy) is FixedPolicy and policy.k == policy.max_k == k
+    for bad in [-1, "-1", "abc", "4.0", 2.5, True, None, "", "²"]:
+        with pytest.raises(ValueError, match="num_speculative_tokens must be an integer >= 1 or 'auto'"):
+            make_policy(bad)
+    assert FixedPolicy(0).choose([FixedPolicy(0).new_row()], [5]) == 0
+    with pytest.raises(ValueError):
+        AdaptivePolicy(0)
+
+
+@pytest.mark.parametrize("policy", [AdaptivePolicy(6), FixedPolicy(3)])
+def test_summary_is_json(policy):
+    v, c = curve({1: 1.0, 2: 1.1}), 0.1
+    simulate(policy, 100, v, c, 0.8, rows=2)
+    summary = json.loads(json.dumps(policy.summary()))
+    for key in ["k_histogram", "plain_steps", "mean_k", "probes", "acceptance", "costs", "steps", "policy"]:
+        assert key in summary
+    hist = policy.summary()["k_histogram"]
+    assert sum(hist.values()) == 100 and summary["plain_steps"] == hist.get(0, 0)
+    assert summary["mean_k"] == pytest.approx(sum(k * n for k, n in hist.items()) / 100)
+    assert len(summary["acceptance"]) == policy.max_k and 0.6 < summary["acceptance"][0] < 0.95
+    assert summary["costs"]["2"]["verify_s"]
