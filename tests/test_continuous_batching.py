@@ -109,3 +109,26 @@ def test_max_batch_makes_rows_wait_their_turn(models):
     assert most == 2
     solo = [gen.generate([p], max_new_tokens=6, temperature=0.0, ignore_eos=True).token_ids[0] for p in PROMPTS]
     assert session.result(ids).token_ids == solo
+
+
+def test_a_row_can_fix_its_own_k_and_events_carry_the_step(models):
+    """A plain row (K = 0) and a K = 5 row share a batch with an auto row; each equals its solo greedy run."""
+    target, draft = models
+    gen = SpeculativeGenerator(target, draft, num_speculative_tokens="auto")
+    session = gen.session()
+    ks = [0, 5, None]
+    ids = [session.add(gen.request(PROMPTS[0], 20, temperature=0.0, ignore_eos=True, num_speculative_tokens=k))
+           for k in ks]
+    events = []
+    while not session.idle:
+        events += session.step()
+    result = session.result(ids)
+    solo = gen.generate([PROMPTS[0]], max_new_tokens=20, temperature=0.0, ignore_eos=True).token_ids[0]
+    assert result.token_ids == [solo] * 3
+    assert set(result.provenance[0]) == {"target"} and result.row_stats[0].proposed_tokens == 0
+    assert max(e.num_drafts for e in events if e.row == ids[1]) == 5
+    steps = [e.step for e in events if e.row == ids[0]]
+    # a plain row decides one token per step; its first (from the prefill) shares a step with the next
+    assert steps == sorted(steps) and len(set(steps)) == 19
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        gen.request(PROMPTS[0], 5, num_speculative_tokens=-1)

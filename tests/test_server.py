@@ -3,23 +3,27 @@ timeouts, disconnects, shutdown, and the `specdecode serve` command."""
 
 from __future__ import annotations
 
-import os
+import copy
+import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import openai
 import pytest
+from fastapi.testclient import TestClient
 
+from specdecode.chat import ChatTemplateError, NoChatTemplateError, encode_chat
+from specdecode.server import ServerSettings, create_app, served_names
 from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixture)
-from test_server_helpers import (MODEL, error_shape, free_port, make_generator, metric, metric_values, serve,
-                                 serve_slow, wait_until)
+from test_server_helpers import (MODEL, CLIServer, error_shape, free_port, make_generator, metric, metric_values,
+                                 serve, serve_slow, tiny_serve_args, wait_until)
 
 PROMPT = "def quicksort(arr):"
 MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "Sort a list."}]
+C, CHAT, P = "/v1/completions", "/v1/chat/completions", "/predict"
+USER = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +58,48 @@ def test_health_and_models(server, client):
     health = httpx.get(f"{server.url}/health")
     assert health.status_code == 200
     assert health.json()["status"] == "ok" and health.json()["model"] == MODEL
-    assert [m.id for m in client.models.list().data] == [MODEL]
-    card = client.models.retrieve(MODEL)
-    assert card.id == MODEL and card.model_extra["max_model_len"] == 512
+    assert [m.id for m in client.models.list().data] == [MODEL, "specdecode"]  # the target's name, the alias
+    for name in (MODEL, "specdecode"):
+        card = client.models.retrieve(name)
+        assert card.id == name and card.model_extra["max_model_len"] == 512
     missing = httpx.get(f"{server.url}/v1/models/gpt-4")
     assert missing.status_code == 404 and error_shape(missing)["code"] == "model_not_found"
     schema = httpx.get(f"{server.url}/openapi.json").json()
     assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/predict"} <= \
         set(schema["paths"])
     assert "422" not in schema["paths"]["/v1/completions"]["post"]["responses"]
+
+
+def test_model_ids_default_to_the_target_and_specdecode(server, client):
+    named = client.completions.create(model="specdecode", prompt="a", max_tokens=2, temperature=0)
+    assert named.model == "specdecode"  # a response names the model id its request asked for
+    chat = client.chat.completions.create(model="specdecode", messages=MESSAGES, max_tokens=2, temperature=0)
+    assert chat.model == "specdecode"
+    unnamed = httpx.post(f"{server.url}/v1/completions", json={"prompt": "a", "max_tokens": 2}, timeout=60)
+    assert unnamed.status_code == 200 and unnamed.json()["model"] == MODEL  # the first served name
+    missing = httpx.post(f"{server.url}/v1/completions", json={"prompt": "a", "model": "gpt-4"})
+    error = error_shape(missing)
+    assert missing.status_code == 404 and error["param"] == "model" and error["code"] == "model_not_found"
+    assert repr(MODEL) in error["message"] and "'specdecode'" in error["message"]
+
+
+def test_served_model_names_replace_the_defaults(tiny_pair, tokenizer):
+    with serve(tiny_pair, tokenizer, served_model_names=("coder", "coder-fast"), max_tokens_limit=8) as srv:
+        models = httpx.get(f"{srv.url}/v1/models").json()
+        assert [m["id"] for m in models["data"]] == ["coder", "coder-fast"]
+        assert httpx.get(f"{srv.url}/health").json()["model"] == "coder"
+        for name in (MODEL, "specdecode"):
+            r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "a", "model": name})
+            assert r.status_code == 404 and error_shape(r)["code"] == "model_not_found"
+        r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "a", "model": "coder-fast", "max_tokens": 2},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["model"] == "coder-fast"
+        schema = httpx.get(f"{srv.url}/openapi.json").json()["components"]["schemas"]["CompletionRequest"]
+        assert {"type": "string", "enum": ["coder", "coder-fast"]} in schema["properties"]["model"]["anyOf"]
+    with pytest.raises(ValueError, match="served model names"):
+        ServerSettings(served_model_names=("ok", " "))
+    assert served_names("t", ()) == ("t", "specdecode") and served_names("specdecode") == ("specdecode",)
+    assert served_names("t", ["a", "b", "a"]) == ("a", "b")
 
 
 # ---------------------------------------------------------------------------------------------- OpenAI client
@@ -172,6 +209,104 @@ def test_predict(server, engine):
     assert default.status_code == 200 and isinstance(default.json()["text"], str)
 
 
+# ---------------------------------------------------------------------------------------------- request rules
+def test_token_id_prompts(server, engine, tokenizer):
+    texts = ["def quicksort(arr):", "Once upon a time"]
+    ids = [tokenizer(t)["input_ids"] for t in texts]
+    expected = [engine.generate(t, max_new_tokens=6, temperature=0).texts[0] for t in texts]
+    one = httpx.post(f"{server.url}/v1/completions", json={"prompt": ids[0], "max_tokens": 6, "temperature": 0},
+                     timeout=60)
+    assert one.status_code == 200, one.text
+    assert one.json()["choices"][0]["text"] == expected[0]
+    assert one.json()["usage"]["prompt_tokens"] == len(ids[0])
+    many = httpx.post(f"{server.url}/v1/completions", json={"prompt": ids, "max_tokens": 6, "temperature": 0},
+                      timeout=60)
+    assert [c["text"] for c in many.json()["choices"]] == expected
+    floats = httpx.post(f"{server.url}/v1/completions", timeout=60,  # 3.0 is an integer in JSON
+                        json={"prompt": [float(t) for t in ids[0]], "max_tokens": 6, "temperature": 0})
+    assert floats.json()["choices"][0]["text"] == expected[0]
+
+
+def test_unsupported_parameters_are_named_in_one_400(server):
+    body = {"prompt": "a", "best_of": 3, "logprobs": 2, "presence_penalty": 0.5, "echo": True}
+    r = httpx.post(f"{server.url}/v1/completions", json=body)
+    error = error_shape(r)
+    assert r.status_code == 400 and error["code"] == "unsupported_parameter"
+    assert error["param"] in ("best_of", "logprobs", "presence_penalty", "echo")
+    for name in ("best_of", "logprobs", "presence_penalty", "echo"):
+        assert name in error["message"]
+    chat = httpx.post(f"{server.url}/v1/chat/completions",
+                      json={"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}],
+                            "tool_choice": "auto"})
+    assert chat.status_code == 400 and error_shape(chat)["code"] == "unsupported_parameter"
+    assert "tools" in error_shape(chat)["message"] and "tool_choice" in error_shape(chat)["message"]
+
+
+NEUTRAL = {  # every unsupported parameter at its neutral value: accepted, the output unchanged
+    C: {"n": 1, "best_of": 1, "logprobs": None, "echo": False, "suffix": "", "presence_penalty": 0,
+        "frequency_penalty": 0.0, "logit_bias": {}, "repetition_penalty": 1.0, "min_p": 0, "min_tokens": 0,
+        "ignore_eos": False, "stop_token_ids": [], "user": "u", "metadata": {"k": "v"}, "store": False},
+    CHAT: {"n": 1, "logprobs": False, "top_logprobs": 0, "tools": [], "tool_choice": "none", "functions": [],
+           "function_call": "none", "response_format": {"type": "text"}, "modalities": ["text"], "audio": None,
+           "parallel_tool_calls": True, "presence_penalty": 0, "service_tier": "auto"},
+}
+
+
+@pytest.mark.parametrize("endpoint", [C, CHAT])
+def test_neutral_values_are_accepted(server, endpoint):
+    base = {"prompt": PROMPT} if endpoint == C else {"messages": MESSAGES}
+    base.update(max_tokens=4, temperature=0)
+    plain = httpx.post(f"{server.url}{endpoint}", json=base, timeout=60)
+    neutral = httpx.post(f"{server.url}{endpoint}", json={**base, **NEUTRAL[endpoint]}, timeout=60)
+    assert neutral.status_code == 200, neutral.text
+    assert "x-ignored-fields" not in neutral.headers
+    assert neutral.json()["choices"] == plain.json()["choices"]
+
+
+def test_unknown_fields_are_ignored_and_named_in_a_header(server):
+    body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "frobnicate": 1, "my_option": {"a": 1},
+            "unset_option": None, "é\nx": 2}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200
+    # null-valued fields are not named; other than plain names are quoted and escaped
+    assert r.headers["x-ignored-fields"] == "frobnicate, my_option, '\\xe9\\nx'"
+    chat = {"messages": [{"role": "user", "content": "hi", "refusal": None, "weight": 1}], "max_tokens": 2,
+            "stream": True, "reasoning_effort": "low"}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=chat, timeout=60) as s:
+        assert s.status_code == 200
+        assert s.headers["x-ignored-fields"] == "reasoning_effort, messages[0].weight"
+        assert list(s.iter_lines())[-2] == "data: [DONE]"
+    clean = httpx.post(f"{server.url}/v1/completions", json={"prompt": "a", "max_tokens": 1}, timeout=60)
+    assert "x-ignored-fields" not in clean.headers
+
+
+def test_chat_encoding_in_one_place(tokenizer):
+    assert encode_chat(tokenizer, MESSAGES) == chat_ids(tokenizer, MESSAGES)
+    assert encode_chat(tokenizer, "hi") == chat_ids(tokenizer, [{"role": "user", "content": "hi"}])
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    with pytest.raises(NoChatTemplateError, match="no chat template"):
+        encode_chat(plain, MESSAGES)
+    strict = copy.deepcopy(tokenizer)
+    strict.chat_template = "{{ raise_exception('roles must alternate') }}"
+    with pytest.raises(ChatTemplateError, match="roles must alternate"):
+        encode_chat(strict, MESSAGES)
+
+
+def test_chat_without_template_or_rejected_by_it(tiny_pair, tokenizer):
+    for template, code, words in ((None, "no_chat_template", "no chat template"),
+                                  ("{{ raise_exception('roles must alternate') }}", "invalid_value", "alternate")):
+        tok = copy.deepcopy(tokenizer)
+        tok.chat_template = template
+        app = create_app(make_generator(tiny_pair, tok), MODEL, tok, ServerSettings(max_tokens_limit=8))
+        with TestClient(app) as http:
+            r = http.post("/v1/chat/completions", json={"messages": USER})
+            error = error_shape(r)
+            assert r.status_code == 400 and error["code"] == code and error["param"] == "messages"
+            assert words in error["message"]
+            assert http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1}).status_code == 200
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 def _long_prompt(tokenizer, tokens: int) -> str:
     text = "The quick brown fox jumps over the lazy dog. " * 200
@@ -179,8 +314,6 @@ def _long_prompt(tokenizer, tokens: int) -> str:
     return tokenizer.decode(ids)
 
 
-C, CHAT, P = "/v1/completions", "/v1/chat/completions", "/predict"
-USER = [{"role": "user", "content": "hi"}]
 BAD = [
     # (id, endpoint, body (dict/list = JSON, bytes = raw), status, param)
     ("malformed-json", C, b'{"prompt": "a",', 400, None),
@@ -219,6 +352,26 @@ BAD = [
     ("k-absurd", C, {"prompt": "a", "num_speculative_tokens": 10**6}, 400, "num_speculative_tokens"),
     ("n-two", C, {"prompt": "a", "n": 2}, 400, "n"),
     ("logprobs", C, {"prompt": "a", "logprobs": 5}, 400, "logprobs"),
+    ("logprobs-zero", C, {"prompt": "a", "logprobs": 0}, 400, "logprobs"),
+    ("best-of", C, {"prompt": "a", "best_of": 2}, 400, "best_of"),
+    ("echo", C, {"prompt": "a", "echo": True}, 400, "echo"),
+    ("suffix", C, {"prompt": "a", "suffix": "}"}, 400, "suffix"),
+    ("presence-penalty", C, {"prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("frequency-penalty", C, {"prompt": "a", "frequency_penalty": -1}, 400, "frequency_penalty"),
+    ("logit-bias", C, {"prompt": "a", "logit_bias": {"5": 10}}, 400, "logit_bias"),
+    ("repetition-penalty", C, {"prompt": "a", "repetition_penalty": 1.2}, 400, "repetition_penalty"),
+    ("min-p", C, {"prompt": "a", "min_p": 0.1}, 400, "min_p"),
+    ("min-tokens", C, {"prompt": "a", "min_tokens": 3}, 400, "min_tokens"),
+    ("ignore-eos", C, {"prompt": "a", "ignore_eos": True}, 400, "ignore_eos"),
+    ("stop-token-ids", C, {"prompt": "a", "stop_token_ids": [1]}, 400, "stop_token_ids"),
+    ("token-ids-out-of-vocab", C, {"prompt": [1, 2, 10**6]}, 400, "prompt"),
+    ("token-ids-negative", C, {"prompt": [1, -1]}, 400, "prompt"),
+    ("token-ids-float", C, {"prompt": [1, 2.5]}, 400, "prompt"),
+    ("token-ids-bool", C, {"prompt": [True]}, 400, "prompt"),
+    ("token-id-lists-out-of-vocab", C, {"prompt": [[1], [2, 10**6]]}, 400, "prompt[1]"),
+    ("token-id-lists-empty", C, {"prompt": [[1], []]}, 400, "prompt"),
+    ("prompt-mix", C, {"prompt": ["a", [1]]}, 400, "prompt"),
+    ("token-ids-over-context", C, {"prompt": [1] * 600, "max_tokens": 1}, 400, "prompt"),
     ("unknown-model", C, {"prompt": "a", "model": "gpt-4"}, 404, "model"),
     ("prompt-over-context", C, "LONG:600", 400, "prompt"),
     ("prompt-plus-tokens-over-context", C, "LONG:300+300", 400, "max_tokens"),
@@ -235,6 +388,18 @@ BAD = [
     ("chat-temperature", CHAT, {"messages": USER, "temperature": 5}, 400, "temperature"),
     ("chat-top-p", CHAT, {"messages": USER, "top_p": 0}, 400, "top_p"),
     ("chat-unknown-model", CHAT, {"messages": USER, "model": "nope"}, 404, "model"),
+    ("chat-logprobs", CHAT, {"messages": USER, "logprobs": True}, 400, "logprobs"),
+    ("chat-top-logprobs", CHAT, {"messages": USER, "top_logprobs": 3}, 400, "top_logprobs"),
+    ("chat-tools", CHAT, {"messages": USER, "tools": [{"type": "function"}]}, 400, "tools"),
+    ("chat-tool-choice", CHAT, {"messages": USER, "tool_choice": "required"}, 400, "tool_choice"),
+    ("chat-functions", CHAT, {"messages": USER, "functions": [{"name": "f"}]}, 400, "functions"),
+    ("chat-function-call", CHAT, {"messages": USER, "function_call": "auto"}, 400, "function_call"),
+    ("chat-json-mode", CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, 400,
+     "response_format"),
+    ("chat-audio", CHAT, {"messages": USER, "modalities": ["text", "audio"], "audio": {"voice": "x"}}, 400,
+     "modalities"),
+    ("chat-n", CHAT, {"messages": USER, "n": 3}, 400, "n"),
+    ("chat-k-string", CHAT, {"messages": USER, "num_speculative_tokens": "many"}, 400, "num_speculative_tokens"),
     ("chat-over-context", CHAT, "CHATLONG:600", 400, "messages"),
     ("predict-missing-prompt", P, {}, 400, "prompt"),
     ("predict-empty-prompt", P, {"prompt": ""}, 400, "prompt"),
@@ -430,42 +595,33 @@ def test_graceful_shutdown_finishes_in_flight_work(tiny_pair, tokenizer):
 
 
 # ---------------------------------------------------------------------------------------------- the CLI
-def test_cli_serve(tiny_model_dirs):
+def test_cli_serve_and_its_log(tiny_model_dirs, tmp_path):
     port = free_port()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", NO_COLOR="1")
-    cmd = [sys.executable, "-m", "specdecode", "serve", "--target", tiny_model_dirs["target"], "--draft",
-           tiny_model_dirs["draft"], "--draft-quantize", "none", "--port", str(port), "--max-tokens-limit", "32",
-           "--log-level", "warning", "--threads", "1"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def up():
-            if proc.poll() is not None:
-                raise AssertionError(f"serve exited {proc.returncode}: {proc.stderr.read()}")
-            try:
-                return httpx.get(f"{url}/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        assert wait_until(up, timeout=120, interval=0.25), "the server did not come up"
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
-        assert [m.id for m in client.models.list().data] == ["target"]
-        res = client.completions.create(model="target", prompt=PROMPT, max_tokens=8, temperature=0)
+    args = tiny_serve_args(tiny_model_dirs, port) + ["--max-tokens-limit", "32", "--served-model-name", "tiny",
+                                                      "--served-model-name", "tiny-alias"]
+    with CLIServer(args, tmp_path / "serve.log", port) as srv:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=60)
+        assert [m.id for m in client.models.list().data] == ["tiny", "tiny-alias"]
+        res = client.completions.create(model="tiny-alias", prompt=PROMPT, max_tokens=8, temperature=0)
         assert res.usage.completion_tokens >= 1 and res.choices[0].finish_reason in ("length", "stop")
-        too_many = httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 33})
+        assert res.model == "tiny-alias"
+        too_many = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "a", "max_tokens": 33})
         assert too_many.status_code == 400 and error_shape(too_many)["param"] == "max_tokens"
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        assert srv.stop(signal.SIGTERM) == 0  # a graceful stop, not a kill
+        log = srv.log()
+    # One line per event, through logging: no progress bars, no line broken by a console's width.
+    assert "\r" not in log, log
+    lines = log.splitlines()
+    assert any(re.search(rf"serving 'tiny', 'tiny-alias' \(speculative decoding, k=4, draft 'draft'\) at "
+                         rf"http://127\.0\.0\.1:{port}/v1$", line) for line in lines), log
+    assert any(re.search(r"127\.0\.0\.1:\d+ POST /v1/completions 200 in [\d.]+ s$", line) for line in lines), log
+    assert any(re.search(r"POST /v1/completions 400 in [\d.]+ s$", line) for line in lines), log
+    assert lines[-1].endswith("INFO server stopped"), log
 
 
 # ---------------------------------------------------------------------------------------------- plain decoding
 def test_plain_decoding_server(tiny_pair, tokenizer):
     from specdecode import AutoregressiveGenerator
-    from specdecode.server import ServerSettings, create_app
     from test_server_helpers import LiveServer
 
     plain = AutoregressiveGenerator(tiny_pair[0], tokenizer=tokenizer)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -163,3 +167,50 @@ def error_shape(response) -> dict:
     assert isinstance(error["message"], str) and error["message"], error
     assert isinstance(error["type"], str) and error["type"], error
     return error
+
+
+class CLIServer:
+    """`python -m specdecode serve ARGS` in a subprocess, its stderr (the server's log) written to a file."""
+
+    def __init__(self, args: list[str], log_path, port: int):
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", NO_COLOR="1")
+        with open(log_path, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "specdecode", "serve", *args], env=env,
+                                         stdout=subprocess.DEVNULL, stderr=log)
+
+    def wait_up(self, timeout: float = 120.0) -> "CLIServer":
+        def up():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited {self.proc.returncode}: {self.log()}")
+            try:
+                return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        assert wait_until(up, timeout=timeout, interval=0.25), f"the server did not come up: {self.log()}"
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """Send a signal and wait: the exit code."""
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+    def log(self) -> str:
+        with open(self.log_path, newline="") as f:  # newline="": carriage returns stay visible
+            return f.read()
+
+    def __enter__(self):
+        return self.wait_up()
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def tiny_serve_args(tiny_model_dirs, port: int) -> list[str]:
+    """`specdecode serve` options for the tiny models, on one thread."""
+    return ["--target", tiny_model_dirs["target"], "--draft", tiny_model_dirs["draft"], "--draft-quantize", "none",
+            "--threads", "1", "--port", str(port)]

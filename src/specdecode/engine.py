@@ -38,6 +38,7 @@ class Request:
     seed: int | None = None
     stop_ids: frozenset[int] = frozenset()
     stops: tuple[str, ...] = ()
+    num_speculative_tokens: int | None = None  # a fixed K for this row (0: plain); None: the session's policy
 
 
 @dataclass
@@ -189,8 +190,12 @@ class SpeculativeGenerator:
 
     def request(self, prompt_ids: list[int], max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
                 top_p: float = 1.0, seed: int | None = None, ignore_eos: bool = False,
-                stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None) -> Request:
-        """A checked Request for one prompt of token ids (clear errors before any work)."""
+                stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
+                num_speculative_tokens: int | None = None) -> Request:
+        """A checked Request for one prompt of token ids (clear errors before any work).
+
+        num_speculative_tokens fixes this row's K (0 = plain decoding, e.g. for a side-by-side race) whatever the
+        session's policy; None leaves it to the policy."""
         params = SamplingParams(temperature, top_k, top_p)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -207,7 +212,12 @@ class SpeculativeGenerator:
         if stops and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer: pass tokenizer= or use load_model()")
         stop_ids = frozenset(stop_token_ids or ()) | (frozenset() if ignore_eos else frozenset(self.eos_token_ids))
-        return Request(list(prompt_ids), max_new_tokens, params, seed, stop_ids, tuple(stops))
+        k = num_speculative_tokens
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise ValueError(f"a request's num_speculative_tokens must be an integer >= 0 (or None), got {k!r}")
+        if k and self.drafter is None:
+            raise ValueError("this generator has no draft: num_speculative_tokens must be 0 or None")
+        return Request(list(prompt_ids), max_new_tokens, params, seed, stop_ids, tuple(stops), k)
 
     def session(self, policy=None, prefill_tokens_per_step: int | None = None,
                 max_batch: int | None = None) -> "DecodingSession":
@@ -272,6 +282,7 @@ class DecodingSession:
         self.stats = Stats(num_speculative_tokens=max_k, accepted_per_position=[0] * max_k,
                            proposed_per_position=[0] * max_k, policy="auto" if self.adaptive else "fixed")
         self._started = None
+        self.steps = 0  # step() calls so far: TokenEvent.step says which one decided a token
         self.target.reset(0)
         if self.drafter is not None:
             self.drafter.select_rows([])  # an empty batch: rows join through fork and merge
@@ -291,10 +302,12 @@ class DecodingSession:
     def add(self, request: Request) -> int:
         """Queue a request; returns its row id (TokenEvent.row of its tokens). It joins at the next step."""
         index = len(self.rows)
-        fixed = self.adaptive and request.seed is not None and not request.params.greedy
+        fixed_k = request.num_speculative_tokens
+        if fixed_k is None and self.adaptive and request.seed is not None and not request.params.greedy:
+            fixed_k = min(self.gen.seeded_k, self.policy.max_k)
         tok = self.gen.tokenizer
-        row = _Row(index, request, IncrementalDetokenizer(tok, request.prompt) if tok else None,
-                   min(self.gen.seeded_k, self.policy.max_k) if fixed else None, self.policy.new_row())
+        row = _Row(index, request, IncrementalDetokenizer(tok, request.prompt) if tok else None, fixed_k,
+                   self.policy.new_row())
         self.rows[index] = row
         self.waiting.append(row)
         self.stats.num_rows += 1
@@ -308,6 +321,7 @@ class DecodingSession:
     def step(self) -> list[TokenEvent]:
         if self._started is None:
             self._started = time.perf_counter()
+        self.steps += 1
         events = self._admit()
         if self.active:
             events += self._decode_step()
@@ -398,27 +412,36 @@ class DecodingSession:
         self.target.trim([n + 1 + a for n, a in zip(lengths, accepted_l)])
         if self.drafter is not None:
             self.drafter.update(drafts_l, accepted_l, next_l, **({"hidden": hidden} if self.hidden_wanted else {}))
-        self.policy.observe([r.policy_state for r in active], k, accepted_l, len(active), t1 - t0, t2 - t1, k_rows)
+        self._observe(k, k_rows, accepted_l, t1 - t0, t2 - t1)
 
         self.stats.add_verification(k_rows, accepted_l)
         events = []
         for row, d, kr, a, t in zip(active, drafts_l, k_rows, accepted_l, next_l):
             row.stats.add_verification(kr, a)
             last_kind = "target" if kr == 0 else self.gen.provenance_of_last[a == kr]
-            events += self._emit(row, d[:a] + [t], ["accepted"] * a + [last_kind])
+            events += self._emit(row, d[:a] + [t], ["accepted"] * a + [last_kind], kr)
         self._drop_finished()
         self.stats.draft_time_s += t1 - t0
         self.stats.verify_time_s += t2 - t1
         self.stats.other_time_s += time.perf_counter() - t2
         return events
 
+    def _observe(self, k: int, k_rows: list[int], accepted: list[int], draft_s: float, verify_s: float) -> None:
+        """Tell the policy what its rows did; a step widened by a row with a fixed K taught it nothing it asked."""
+        mine = [i for i, r in enumerate(self.active) if r.fixed_k is None]
+        if not mine or max((k_rows[i] for i in mine), default=0) < k:
+            return
+        self.policy.observe([self.active[i].policy_state for i in mine], k, [accepted[i] for i in mine],
+                            len(self.active), draft_s, verify_s, [k_rows[i] for i in mine])
+
     def _choose_k(self) -> list[int]:
         """K for each row before its drafts are drawn (what keeps the choice lossless): the policy's, capped."""
         caps = [r.remaining - 1 for r in self.active]
-        if self.drafter is None or self.policy.max_k == 0 or max(caps) <= 0:
+        widest = max([self.policy.max_k] + [r.fixed_k or 0 for r in self.active])
+        if self.drafter is None or widest == 0 or max(caps) <= 0:
             return [0] * len(self.active)
-        caps = [min(c, d) for c, d in zip(caps, self.drafter.max_drafts(self.policy.max_k))]
-        k = self.policy.choose([r.policy_state for r in self.active], caps)
+        caps = [min(c, d) for c, d in zip(caps, self.drafter.max_drafts(widest))]
+        k = self.policy.choose([r.policy_state for r in self.active], [min(c, self.policy.max_k) for c in caps])
         return [min(k if r.fixed_k is None else r.fixed_k, c) for r, c in zip(self.active, caps)]
 
     def _clock(self) -> float:
@@ -427,8 +450,8 @@ class DecodingSession:
         return time.perf_counter()
 
     # ------------------------------------------------------------------ tokens out, rows out
-    def _emit(self, row: _Row, tokens: list[int], kinds: list[str]) -> list[TokenEvent]:
-        """Append tokens to a row until it finishes; return their events."""
+    def _emit(self, row: _Row, tokens: list[int], kinds: list[str], k: int = 0) -> list[TokenEvent]:
+        """Append tokens to a row until it finishes; return their events (k: the row's drafts this step)."""
         events = []
         stop_ids, stops = row.request.stop_ids, row.request.stops
         for token, kind in zip(tokens, kinds):
@@ -445,7 +468,7 @@ class DecodingSession:
             done = row.finish_reason is not None
             if done and row.detok is not None and row.stop_at is None:
                 text += row.detok.flush()
-            events.append(TokenEvent(row.index, token, kind, text, done, row.finish_reason))
+            events.append(TokenEvent(row.index, token, kind, text, done, row.finish_reason, self.steps, k))
             if done:
                 break
         return events

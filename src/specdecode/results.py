@@ -23,6 +23,8 @@ class TokenEvent:
     text: str | None = None  # the text this token adds to the row (may be "" while a character is incomplete)
     finished: bool = False  # True on the row's last token
     finish_reason: str | None = None  # "length" | "stop" (EOS, a stop string or stop token) on the last token
+    step: int = 0  # the step of the decoding session that decided this token (tokens of one step share it)
+    num_drafts: int = 0  # how many drafts the row proposed in that step (0: a plain target step or the prefill)
 
 
 @dataclass
@@ -95,6 +97,8 @@ class Stats:
         self.target_forward_calls += 1
         k = max(k_rows, default=0)
         self.k_histogram[k] = self.k_histogram.get(k, 0) + 1
+        for counts in (self.proposed_per_position, self.accepted_per_position):
+            counts.extend([0] * (k - len(counts)))
         self.verification_steps += len(accepted)
         self.proposed_tokens += sum(k_rows)
         self.accepted_tokens += sum(accepted)

@@ -1,7 +1,11 @@
 """The OpenAI-compatible HTTP server: `create_app(generator, model_name, tokenizer, settings)` builds the FastAPI
-app; `specdecode serve` runs it with uvicorn. The engine never imports this package."""
+app; `run(app, host, port)` serves it with uvicorn (what `specdecode serve` does). The engine never imports this
+package."""
 
-from .app import APIError, ServerSettings, create_app
+from .app import create_app
 from .batcher import Batcher, Job
+from .errors import APIError
+from .run import run
+from .settings import ServerSettings, served_names
 
-__all__ = ["create_app", "ServerSettings", "APIError", "Batcher", "Job"]
+__all__ = ["create_app", "run", "ServerSettings", "served_names", "APIError", "Batcher", "Job"]

@@ -2,7 +2,11 @@
 
 Requests are validated strictly: a string where a number belongs, a float where an integer belongs, or a boolean
 where an integer belongs is a 400, never silently coerced. Limits that depend on the server's settings
-(max_tokens, num_speculative_tokens) are checked by the app, which knows them.
+(max_tokens, num_speculative_tokens, the vocabulary) are checked by the app, which knows them.
+
+Parameters this server does not implement and that would change the output (n > 1, logprobs, penalties, tools...)
+are declared with their neutral value only (UNSUPPORTED): anything else is a 400 naming them, never a silent
+no-op. Fields that no schema here declares are ignored and named in the response's X-Ignored-Fields header.
 """
 
 from __future__ import annotations
@@ -12,8 +16,17 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 MAX_STOP_STRINGS = 4
-UNSUPPORTED = ("logprobs", "echo", "presence_penalty", "frequency_penalty", "logit_bias")
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+
+# Unsupported parameters -> the neutral value(s) they are accepted at (besides being left out or null).
+UNSUPPORTED: dict[str, str] = {
+    "n": "1", "best_of": "1", "logprobs": "null (or false in chat)", "top_logprobs": "0", "echo": "false",
+    "suffix": '""', "presence_penalty": "0", "frequency_penalty": "0", "logit_bias": "{}", "tools": "[]",
+    "tool_choice": '"none"', "functions": "[]", "function_call": '"none"', "response_format": '{"type": "text"}',
+    "modalities": '["text"]', "audio": "null",
+    # other servers' sampling extensions, refused rather than ignored for the same reason
+    "repetition_penalty": "1", "min_p": "0", "min_tokens": "0", "ignore_eos": "false", "stop_token_ids": "[]",
+}
 
 
 def _integral_float(value):
@@ -29,10 +42,16 @@ def Int(ge: int | None = None, le: int | None = None):
 
 
 TokenCount = Int(ge=1)
+TokenId = int  # the vocabulary's bounds are the app's to check (and to document), with a clear message
+
+
+def _not_supported(neutral: str) -> str:
+    return f"Not supported: {neutral} only (or leave it out)."
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+    # extra="allow": unknown fields are kept so that the app can name them in X-Ignored-Fields
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
 
 
 def _check_stop(value):
@@ -48,6 +67,33 @@ def _check_stop(value):
     return value
 
 
+def _is_token_ids(value) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _integral_floats(value):
+    """A list with its integral floats as integers (1.0 is an integer in JSON), nested lists too."""
+    if not isinstance(value, list):
+        return value
+    return [_integral_floats(v) if isinstance(v, list) else _integral_float(v) for v in value]
+
+
+def _check_prompt(value):
+    """OpenAI's four prompt forms: a string, a list of strings, a list of token ids, a list of token-id lists."""
+    kinds = "a string, a list of strings, a list of token ids or a list of token-id lists"
+    value = _integral_floats(value)
+    if value == []:
+        raise ValueError("must not be an empty list")
+    items = [value] if isinstance(value, str) or _is_token_ids(value) else value
+    if not isinstance(items, list):
+        raise ValueError(f"must be {kinds}")
+    if not (all(isinstance(p, str) for p in items) or all(_is_token_ids(p) for p in items)):
+        raise ValueError(f"must be {kinds} (not a mix)")
+    if any(len(p) == 0 for p in items):
+        raise ValueError("must not be empty: give at least one token of text to continue")
+    return value
+
+
 class StreamOptions(_Request):
     include_usage: Optional[bool] = Field(False, description="Send a last chunk with usage and speculative "
                                                              "statistics before `data: [DONE]`.")
@@ -56,7 +102,7 @@ class StreamOptions(_Request):
 class _Sampling(_Request):
     """Fields shared by completions, chat completions and /predict."""
 
-    model: Optional[str] = Field(None, description="The served model's id (see /v1/models); may be left out.")
+    model: Optional[str] = Field(None, description="A served model id (see /v1/models); may be left out.")
     temperature: Optional[float] = Field(1.0, ge=0.0, le=2.0, description="0 (or below 1e-5) is greedy.")
     top_p: Optional[float] = Field(1.0, gt=0.0, le=1.0)
     top_k: Optional[Int(ge=-1)] = Field(
@@ -65,15 +111,23 @@ class _Sampling(_Request):
         None, description="Same seed, same output: a seeded request runs in a batch of its own.")
     stop: Optional[Union[str, list[str]]] = Field(
         None, description=f"Up to {MAX_STOP_STRINGS} stop strings; the stop string is not returned.")
-    num_speculative_tokens: Optional[Int(ge=0)] = Field(
-        None, description="Extension: draft tokens per verification (the server's -k if left out).")
-    n: Optional[Int(ge=1, le=1)] = Field(1, description="Only 1 completion per prompt.")
+    num_speculative_tokens: Optional[Union[Int(ge=0), Literal["auto"]]] = Field(
+        None, description="Extension: draft tokens per verification, or \"auto\" (the server's -k if left out).")
     user: Optional[str] = None
+    metadata: Optional[dict[str, Any]] = Field(None, description="Accepted and not used.")
+    store: Optional[bool] = Field(None, description="Accepted and not used (nothing is stored).")
+    service_tier: Optional[str] = Field(None, description="Accepted and not used.")
 
-    # Accepted only at their neutral values, so a client relying on them gets an error rather than a silent no-op.
-    presence_penalty: Optional[float] = Field(None, ge=0, le=0, description="Not supported: 0 only.")
-    frequency_penalty: Optional[float] = Field(None, ge=0, le=0, description="Not supported: 0 only.")
-    logit_bias: Optional[dict[str, float]] = Field(None, max_length=0, description="Not supported: {} only.")
+    # Unsupported (see UNSUPPORTED): accepted only at their neutral values.
+    n: Optional[Int(ge=1, le=1)] = Field(1, description=_not_supported("1"))
+    presence_penalty: Optional[float] = Field(None, ge=0, le=0, description=_not_supported("0"))
+    frequency_penalty: Optional[float] = Field(None, ge=0, le=0, description=_not_supported("0"))
+    logit_bias: Optional[dict[str, float]] = Field(None, max_length=0, description=_not_supported("{}"))
+    repetition_penalty: Optional[float] = Field(None, ge=1, le=1, description=_not_supported("1"))
+    min_p: Optional[float] = Field(None, ge=0, le=0, description=_not_supported("0"))
+    min_tokens: Optional[Int(ge=0, le=0)] = Field(None, description=_not_supported("0"))
+    ignore_eos: Optional[Literal[False]] = Field(None, description=_not_supported("false"))
+    stop_token_ids: Optional[list[int]] = Field(None, max_length=0, description=_not_supported("[]"))
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -82,26 +136,22 @@ class _Sampling(_Request):
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[str]] = Field(
-        ..., description="A prompt, or a list of prompts (at most --max-batch-size), each non-empty.")
+    prompt: Union[str, list[str], list[TokenId], list[list[TokenId]]] = Field(
+        ..., description="A prompt, a list of prompts (at most --max-batch-size), a prompt as token ids, or a list "
+                         "of those; each non-empty. Text prompts are tokenized with the model's special tokens.")
     max_tokens: Optional[TokenCount] = Field(
         None, description="New tokens at most per prompt (default 16; at most the server's --max-tokens-limit).")
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
-    logprobs: Optional[Int(ge=0, le=0)] = Field(None, description="Not supported: null or 0.")
-    echo: Optional[Literal[False]] = Field(None, description="Not supported: false only.")
+    best_of: Optional[Int(ge=1, le=1)] = Field(None, description=_not_supported("1"))
+    logprobs: None = Field(None, description=_not_supported("null"))
+    echo: Optional[Literal[False]] = Field(None, description=_not_supported("false"))
+    suffix: Optional[str] = Field(None, max_length=0, description=_not_supported('""'))
 
     @field_validator("prompt", mode="before")
     @classmethod
     def _prompt(cls, value):
-        items = [value] if isinstance(value, str) else value
-        if not isinstance(items, list) or not all(isinstance(p, str) for p in items):
-            raise ValueError("must be a string or a list of strings")
-        if not items:
-            raise ValueError("must not be an empty list")
-        if any(p == "" for p in items):
-            raise ValueError("must not be empty: give at least one token of text to continue")
-        return value
+        return _check_prompt(value)
 
 
 class ContentPart(_Request):
@@ -122,6 +172,10 @@ class ChatMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
+class TextFormat(_Request):
+    type: Literal["text"]
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_tokens: Optional[TokenCount] = Field(
@@ -129,7 +183,16 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Optional[TokenCount] = Field(None, description="Newer name of max_tokens.")
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
-    logprobs: Optional[Literal[False]] = Field(None, description="Not supported: false only.")
+    parallel_tool_calls: Optional[bool] = Field(None, description="Accepted and not used (no tools).")
+    logprobs: Optional[Literal[False]] = Field(None, description=_not_supported("false"))
+    top_logprobs: Optional[Int(ge=0, le=0)] = Field(None, description=_not_supported("0"))
+    tools: Optional[list[Any]] = Field(None, max_length=0, description=_not_supported("[]"))
+    tool_choice: Optional[Literal["none"]] = Field(None, description=_not_supported('"none"'))
+    functions: Optional[list[Any]] = Field(None, max_length=0, description=_not_supported("[]"))
+    function_call: Optional[Literal["none"]] = Field(None, description=_not_supported('"none"'))
+    response_format: Optional[TextFormat] = Field(None, description=_not_supported('{"type": "text"}'))
+    modalities: Optional[list[Literal["text"]]] = Field(None, description=_not_supported('["text"]'))
+    audio: None = Field(None, description=_not_supported("null"))
 
 
 class PredictRequest(_Sampling):
@@ -224,7 +287,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "specdecode"
     draft: Optional[str] = None
-    num_speculative_tokens: int = 0
+    num_speculative_tokens: Union[int, Literal["auto"]] = 0
     max_model_len: Optional[int] = None
 
 

@@ -1,0 +1,190 @@
+"""Request to engine: one function, `translate`, turns a completions, chat or /predict body into an engine job
+(prompt token ids, per-prompt token limits, sampling settings, stop strings) and checks everything the schema
+cannot know: the served model ids, the vocabulary, the context window, the server's limits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel
+
+from ..chat import ChatTemplateError, NoChatTemplateError, encode_chat
+from .batcher import Job
+from .errors import APIError, bad_request
+from .settings import ServedModel, ServerSettings
+
+Kind = Literal["completion", "chat", "predict"]
+
+OPENAI_DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI does
+
+
+@dataclass
+class Generation:
+    """A request translated: the engine's job and how to answer it."""
+
+    kind: Kind
+    model: str  # the model id the response names: the one requested, or the server's main one
+    job: Job
+    stream: bool = False
+    include_usage: bool = False
+    ignored: list[str] = field(default_factory=list)  # fields no schema declares, named in X-Ignored-Fields
+
+
+def translate(body, kind: Kind, served: ServedModel, settings: ServerSettings) -> Generation:
+    """The engine job of a request body, or an APIError (400/404) naming the offending field."""
+    model = resolve_model(body.model, served)
+    sampling = _sampling(body, served, settings)
+    max_tokens, tokens_param = _requested_max_tokens(body, kind, settings)
+    if kind == "chat":
+        prompts, params = [_chat_ids(body, served, settings)], ["messages"]
+    else:
+        prompts, params = _prompt_ids(body.prompt, served, settings)
+    if max_tokens is None:  # chat without a limit: the rest of the context
+        _check_fits(prompts[0], 1, params[0], tokens_param, served.context_length)
+        room = served.context_length - len(prompts[0]) if served.context_length else settings.max_tokens_limit
+        max_tokens = min(settings.max_tokens_limit, room)
+    for ids, param in zip(prompts, params):
+        _check_fits(ids, max_tokens, param, tokens_param, served.context_length)
+    job = Job(prompts=prompts, max_tokens=[max_tokens] * len(prompts), **sampling)
+    options = getattr(body, "stream_options", None)
+    return Generation(kind, model, job, stream=bool(getattr(body, "stream", False)),
+                      include_usage=bool(options and options.include_usage), ignored=ignored_fields(body))
+
+
+def resolve_model(requested: str | None, served: ServedModel) -> str:
+    if requested in (None, ""):
+        return served.name
+    if requested not in served.names:
+        listed = ", ".join(repr(n) for n in served.names)
+        raise APIError(404, f"the model {requested!r} does not exist: this server serves {listed} (GET /v1/models)",
+                       "not_found_error", "model", "model_not_found")
+    return requested
+
+
+def text_size(body) -> int:
+    """Characters of text to tokenize in a body (long ones are tokenized off the event loop)."""
+    if hasattr(body, "messages"):
+        return sum(len(m.text()) for m in body.messages)
+    prompt = body.prompt
+    return len(prompt) if isinstance(prompt, str) else sum(len(p) for p in prompt if isinstance(p, str))
+
+
+def ignored_fields(model: BaseModel, prefix: str = "") -> list[str]:
+    """Paths of the non-null fields that no schema declares, nested ones included (messages[0].refusal)."""
+    names = [prefix + name for name, value in (model.model_extra or {}).items() if value is not None]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        for i, item in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(item, BaseModel):
+                path = f"{prefix}{name}[{i}]." if isinstance(value, list) else f"{prefix}{name}."
+                names += ignored_fields(item, path)
+    return names
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+def _prompt_ids(prompt, served: ServedModel, settings: ServerSettings) -> tuple[list[list[int]], list[str]]:
+    """Token ids and field names of a completion's prompts: a string, strings, token ids or token-id lists."""
+    single = isinstance(prompt, str) or (prompt and isinstance(prompt[0], int))
+    items = [prompt] if single else list(prompt)
+    if len(items) > settings.max_batch_size:
+        raise bad_request(f"{len(items)} prompts in one request; at most {settings.max_batch_size} "
+                          f"(--max-batch-size)", "prompt")
+    params = ["prompt"] if single else [f"prompt[{i}]" for i in range(len(items))]
+    ids = []
+    for item, param in zip(items, params):
+        if isinstance(item, str):
+            _check_chars(len(item), param, settings)
+            try:
+                item = served.tokenizer(item)["input_ids"]  # with the model's special tokens, as the engine does
+            except Exception as exc:  # e.g. lone surrogates the tokenizer cannot encode
+                raise bad_request(f"{param} could not be tokenized: {type(exc).__name__}", param) from None
+        ids.append(_check_ids(list(item), param, served))
+    return ids, params
+
+
+def _chat_ids(body, served: ServedModel, settings: ServerSettings) -> list[int]:
+    _check_chars(text_size(body), "messages", settings)
+    # "developer" is OpenAI's newer name of "system"; templates know only the latter
+    conversation = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                    for m in body.messages]
+    try:
+        ids = encode_chat(served.tokenizer, conversation)
+    except NoChatTemplateError:
+        raise bad_request(f"the model {served.name!r} has no chat template: use /v1/completions", "messages",
+                          "no_chat_template") from None
+    except ChatTemplateError as exc:
+        raise bad_request(f"messages: {exc}", "messages") from None
+    except Exception as exc:  # e.g. lone surrogates the tokenizer cannot encode
+        raise bad_request(f"messages could not be tokenized: {type(exc).__name__}", "messages") from None
+    return _check_ids(ids, "messages", served)
+
+
+def _check_chars(chars: int, param: str, settings: ServerSettings) -> None:
+    if chars > settings.max_prompt_chars:
+        raise bad_request(f"{param} is longer than {settings.max_prompt_chars} characters", param,
+                          "context_length_exceeded")
+
+
+def _check_ids(ids: list[int], param: str, served: ServedModel) -> list[int]:
+    if not ids:
+        raise bad_request(f"{param} is empty after tokenization: give at least one token of text", param)
+    vocab = served.vocab_size
+    bad = next((t for t in ids if t < 0 or (vocab is not None and t >= vocab)), None)
+    if bad is not None:
+        raise bad_request(f"{param} holds the token id {bad}, outside the model's vocabulary [0, {vocab})", param,
+                          "invalid_token_id")
+    return ids
+
+
+def _check_fits(ids: list[int], max_tokens: int, prompt_param: str, tokens_param: str, context: int | None) -> None:
+    if context is None:
+        return
+    if len(ids) >= context:
+        raise bad_request(f"{prompt_param} has {len(ids)} tokens, and the model's context is {context} tokens: "
+                          f"shorten it", prompt_param, "context_length_exceeded")
+    if len(ids) + max_tokens > context:
+        raise bad_request(f"{prompt_param} has {len(ids)} tokens; with {tokens_param}={max_tokens} that exceeds the "
+                          f"model's context of {context} tokens: lower {tokens_param} to at most "
+                          f"{context - len(ids)}", tokens_param, "context_length_exceeded")
+
+
+# ---------------------------------------------------------------------------------------------- limits, sampling
+def _requested_max_tokens(body, kind: Kind, settings: ServerSettings) -> tuple[int | None, str]:
+    """(max new tokens per prompt, the field that set it); None: chat's default, the rest of the context."""
+    if kind == "chat":
+        param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        value = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    elif kind == "predict":
+        param = "max_tokens" if body.max_new_tokens is None and body.max_tokens is not None else "max_new_tokens"
+        value = body.max_new_tokens if body.max_new_tokens is not None else body.max_tokens
+        if value is None:
+            value = min(settings.default_predict_tokens, settings.max_tokens_limit)
+    else:
+        param, value = "max_tokens", body.max_tokens
+        if value is None:
+            value = min(OPENAI_DEFAULT_MAX_TOKENS, settings.max_tokens_limit)
+    if value is not None and value > settings.max_tokens_limit:
+        raise bad_request(f"{param} is {value}; this server allows at most {settings.max_tokens_limit} "
+                          f"(--max-tokens-limit)", param)
+    return value, param
+
+
+def _sampling(body, served: ServedModel, settings: ServerSettings) -> dict:
+    """The Job's sampling fields: temperature, top-k, top-p, seed, stop strings, draft length."""
+    k = body.num_speculative_tokens
+    if k is not None:
+        if not served.has_draft:
+            if k != 0:
+                raise bad_request("num_speculative_tokens needs a draft model, and this server runs without one "
+                                  "(only 0 is accepted)", "num_speculative_tokens")
+            k = None
+        elif k != "auto" and not 1 <= k <= settings.max_speculative_tokens:
+            raise bad_request(f"num_speculative_tokens must be between 1 and {settings.max_speculative_tokens}, "
+                              f"got {k}", "num_speculative_tokens")
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    return dict(temperature=1.0 if body.temperature is None else body.temperature,
+                top_k=body.top_k if body.top_k is not None and body.top_k > 0 else 0,
+                top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed, stop=stop,
+                num_speculative_tokens=k)
