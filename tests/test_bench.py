@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from specdecode.bench import stats as st
-from specdecode.bench.prompts import BUILTIN_SETS, load_builtin, load_file, load_prompts
+from specdecode.bench.prompts import BUILTIN_SETS, load_builtin, load_file, load_prompts, parse_prompts
 from specdecode.results import Stats
 
 METHODS = ("specdecode-plain", "specdecode", "hf-plain", "hf-assisted")
@@ -121,18 +121,35 @@ def test_tv_threshold_holds_for_exact_samples():
 
 
 def test_merge_stats_sums_counters():
-    from specdecode.bench.runner import merge_stats
-
     a = Stats(num_rows=1, new_tokens=10, proposed_tokens=8, accepted_tokens=6, num_speculative_tokens=2,
               accepted_per_position=[4, 2], proposed_per_position=[4, 4], wall_time_s=1.0, verification_steps=4,
               num_rows_with_first_token=1)
-    b = Stats(num_rows=1, new_tokens=10, proposed_tokens=4, accepted_tokens=1, num_speculative_tokens=2,
-              accepted_per_position=[1, 0], proposed_per_position=[2, 2], wall_time_s=3.0, verification_steps=2,
-              num_rows_with_first_token=1)
-    m = merge_stats([a, b])
-    assert (m.new_tokens, m.proposed_tokens, m.accepted_tokens, m.num_speculative_tokens) == (20, 12, 7, 2)
-    assert m.accepted_per_position == [5, 2] and m.proposed_per_position == [6, 6]
+    b = Stats(num_rows=1, new_tokens=10, proposed_tokens=4, accepted_tokens=1, num_speculative_tokens=3,
+              accepted_per_position=[1, 0, 0], proposed_per_position=[2, 2, 1], wall_time_s=3.0,
+              verification_steps=2, num_rows_with_first_token=1)
+    m = st.merge_stats([a, b])
+    assert (m.new_tokens, m.proposed_tokens, m.accepted_tokens, m.num_speculative_tokens) == (20, 12, 7, 3)
+    assert m.accepted_per_position == [5, 2, 0] and m.proposed_per_position == [6, 6, 1]
     assert m.tokens_per_second == pytest.approx(5.0) and m.acceptance_rate == pytest.approx(7 / 12)
+    assert st.merge_stats([]) == Stats() and st.merge_stats([a]) == a
+
+
+def test_merge_stats_of_real_calls(tiny_pair, tokenizer):
+    """Whatever fields the engine's Stats carries (counts by K, the policy's report), merging two calls gives the
+    counts of both and keeps what is not a count."""
+    from specdecode.engine import SpeculativeGenerator
+
+    gen = SpeculativeGenerator(tiny_pair[0], tiny_pair[1], num_speculative_tokens=2, tokenizer=tokenizer)
+    calls = [gen.generate("def quicksort(arr):", max_new_tokens=n, temperature=0, ignore_eos=True).stats
+             for n in (5, 7)]
+    m = st.merge_stats(calls)
+    assert m.new_tokens == 12 and m.num_rows == 2 and m.num_speculative_tokens == 2
+    assert m.target_forward_calls == sum(s.target_forward_calls for s in calls)
+    assert m.wall_time_s == pytest.approx(sum(s.wall_time_s for s in calls))
+    histograms = [getattr(s, "k_histogram", None) for s in calls]
+    if histograms[0] is not None:  # verification steps counted by K
+        assert sum(m.k_histogram.values()) == sum(sum(h.values()) for h in histograms)
+        assert m.policy == calls[-1].policy
 
 
 # ------------------------------------------------------------------------------------------ prompt sets
@@ -161,8 +178,15 @@ def test_prompt_files(tmp_path):
     assert [(p.id, p.text) for p in prompts] == [("one", "x = 1"), ("c-1", "just a string")]
     assert load_prompts(str(tmp_path / "c.jsonl")) == prompts
     (tmp_path / "bad.jsonl").write_text('{"text": 1}\n')
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="line 1"):
         load_file(tmp_path / "bad.jsonl")
+    (tmp_path / "empty.jsonl").write_text('"x"\n{"prompt": "  "}\n')
+    with pytest.raises(ValueError, match="line 2: the prompt is empty"):
+        load_file(tmp_path / "empty.jsonl")
+    with pytest.raises(ValueError, match="holds no prompts"):
+        parse_prompts("\n \n---\n", "stdin")
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load_file(tmp_path / "missing.txt")
     with pytest.raises(ValueError):
         load_prompts("no-such-set")
 
@@ -266,6 +290,31 @@ def test_bench_latency(tiny_model_dirs, tmp_path, one_thread):
     assert report["target_alone"]["ms_per_token"] > 0 and report["target_alone"]["step_ms"] > 0
     assert [row["k"] for row in report["with_draft"]] == [1, 2]
     assert all(row["ms_per_token"] > 0 and row["draft_step_ms"] > 0 for row in report["with_draft"])
+    result = _cli(["bench", "latency", *_models(tiny_model_dirs), "--max-new-tokens", "4", "--runs", "1",
+                   "--cost-repeats", "1", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    [auto] = json.loads(result.stdout)["with_draft"]
+    assert auto["k"] == "auto" and auto["verify_ms"] is None and auto["mean_k"] is not None
+
+
+def test_bench_k_auto(tiny_model_dirs, tmp_path, one_thread):
+    """-k auto (the default) next to a fixed K: the engine's adaptive K, transformers' own dynamic setting, no
+    fixed-K theory for auto, and a plot that places auto off the K axis."""
+    report_path, plot_path = tmp_path / "auto.json", tmp_path / "auto.png"
+    result = _cli(["bench", *_models(tiny_model_dirs), "-k", "auto,1", "--nb-prompts", "1", "--max-new-tokens",
+                   "4", "--runs", "1", "--warmup", "0", "--cost-repeats", "1", "--json", str(report_path),
+                   "--plot", str(plot_path)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    assert report["config"]["ks"] == ["auto", 1]
+    auto, one = (next(c for c in report["sweep"] if c["k"] == k) for k in ("auto", 1))
+    assert set(auto["methods"]) == set(METHODS) and auto["theory"] is None and one["theory"] is not None
+    spec = auto["methods"]["specdecode"]
+    assert spec["stats"]["policy"] == "auto" and spec["mean_k"] == spec["stats"]["mean_k"]
+    assert set(report["costs"]["v"]) == {str(k) for k in range(1, 9)}  # auto may pick any K up to 8
+    assert "auto" in result.stdout and plot_path.read_bytes()[:4] == b"\x89PNG"
+    sanity = _cli(["bench", "--sanity", *_models(tiny_model_dirs)])
+    assert sanity.exit_code == 1 and "--sanity needs a fixed -k" in sanity.stderr
 
 
 def test_bench_with_prompt_lookup_compares_with_transformers_prompt_lookup(tiny_model_dirs, tmp_path):

@@ -72,9 +72,65 @@ def test_help_lists_the_commands():
         assert flag in result.output, flag
 
 
-def test_json_schema(pair):
+def test_help_lists_the_commands_and_options_once_declared():
+    """Every command that runs models takes the same model options, declared in one place."""
+    from dataclasses import fields
+
+    from specdecode.cli.options import ModelOptions
+
+    flags = ["--" + f.name.replace("_", "-") for f in fields(ModelOptions) if f.name not in ("k", "prepack")]
+    flags += ["--num-speculative-tokens", "--no-prepack"]
+    for command in (["generate"], ["compare"], ["bench"], ["bench", "latency"], ["eval", "multiplication"],
+                    ["verify"], ["serve"]):
+        result = ok(*command, "--help", env={"COLUMNS": "200"})
+        for flag in flags:
+            assert flag in result.stdout, (command, flag)
+    assert "[default: auto]" in ok("generate", "--help", env={"COLUMNS": "200"}).stdout
+
+
+def test_k_values():
+    from specdecode.cli.options import CLIError, parse_k, parse_k_list
+
+    assert parse_k("auto") == "auto" and parse_k(" AUTO ") == "auto" and parse_k("3") == 3
+    assert parse_k_list("auto,2,4,2") == ["auto", 2, 4] and parse_k_list("5") == [5]
+    for bad in ("0", "-1", "x", "2.5", ""):
+        with pytest.raises(CLIError, match="-k"):
+            parse_k(bad)
+    with pytest.raises(CLIError, match="-k"):
+        parse_k_list(" , ")
+
+
+def test_help_is_whole_without_a_terminal():
+    """Piped help (no terminal, no COLUMNS) is not cut at 80 columns: every option name shows whole."""
+    script = shutil.which("specdecode") or pytest.skip("the specdecode console script is not on PATH")
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TERMINAL_WIDTH")}
+    result = subprocess.run([script, "generate", "--help"], stdin=subprocess.DEVNULL, capture_output=True,
+                            text=True, env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for flag in ("--num-speculative-tokens", "--draft-quantize", "--trust-remote-code", "--prompts-file"):
+        assert flag in result.stdout, flag
+    assert "…" not in result.stdout and max(map(len, result.stdout.splitlines())) > 80
+
+
+def test_no_carriage_returns_without_a_terminal(pair, tmp_path):
+    """Status and statistics still reach a log (stderr not a terminal), but no progress bar redraws itself."""
+    script = shutil.which("specdecode") or pytest.skip("the specdecode console script is not on PATH")
+    path = tmp_path / "prompts.txt"
+    path.write_text("def quicksort(arr):\nThe quick brown fox\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TQDM_DISABLE")}
+    args = [script, "generate", "-f", path, *pair, "-n", 4, "--no-stream", "-v", "--threads", 1]
+    result = subprocess.run([str(a) for a in args], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "\r" not in result.stderr and "\r" not in result.stdout
+    assert "acceptance rate" in result.stderr
+    assert "target: " in result.stderr and "on the transformers backend" in result.stderr  # -v: the backends
+
+
+@pytest.mark.parametrize("k_args,policy,k_max", [([], "auto", 8), (["-k", "4"], "fixed", 4)])
+def test_json_schema(pair, k_args, policy, k_max):
     prompt = "def quicksort(arr):"
-    [record] = json_lines(ok("generate", prompt, *pair, "-n", 6, "--ignore-eos", "--json"))
+    [record] = json_lines(ok("generate", prompt, *pair, "-n", 6, "--ignore-eos", "--json", *k_args))
     assert record["prompt"] == prompt and record["index"] == 0 and record["batch"] == 0
     assert isinstance(record["text"], str)
     assert isinstance(record["token_ids"], list) and all(isinstance(t, int) for t in record["token_ids"])
@@ -84,7 +140,9 @@ def test_json_schema(pair):
     assert set(record["provenance"]) <= {"accepted", "resampled", "bonus", "target"}
     stats = record["stats"]
     assert STATS_KEYS <= stats.keys()
-    assert stats["new_tokens"] == 6 and stats["num_rows"] == 1 and stats["num_speculative_tokens"] == 4
+    assert stats["new_tokens"] == 6 and stats["num_rows"] == 1
+    # -k auto (the default): the engine picks K each step, up to 8; -k 4: always 4.
+    assert stats["policy"] == policy and stats["num_speculative_tokens"] == k_max
     assert stats["draft_forward_calls"] > 0 and stats["target_forward_calls"] >= 2
     assert 0.0 <= stats["acceptance_rate"] <= 1.0 and stats["mean_accepted_length"] >= 1.0
     assert stats["tokens_per_second"] > 0
@@ -286,6 +344,8 @@ def error_of(*args, **kwargs) -> str:
     (["--top-p", "1.5"], "top_p must be in (0, 1]"),
     (["--top-k", "-2"], "top_k must be an integer >= 0"),
     (["-k", "0"], "-k (draft tokens per step) must be >= 1"),
+    (["-k", "many"], "-k must be auto or an integer >= 1, got 'many'"),
+    (["--backend", "vllm"], "--backend must be one of auto, transformers, llamacpp, got 'vllm'"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["--method", "medusa"], "unknown --method 'medusa'"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
@@ -313,6 +373,16 @@ def test_gpu_requested_without_one(target_only):
 @pytest.mark.parametrize("prompt", ["", "   \n"])
 def test_empty_prompt(target_only, prompt):
     assert "the prompt is empty" in error_of("generate", prompt, *target_only)
+
+
+def test_prompts_file_blocks(target_only, tmp_path):
+    """generate reads prompt files by the same rules as bench: '---' lines separate multi-line prompts."""
+    path = tmp_path / "blocks.txt"
+    path.write_text("def f(x):\n    return x\n---\nclass A:\n    pass\n")
+    records = json_lines(ok("generate", "-f", path, *target_only, "-n", 2, "--json"))
+    assert [r["prompt"] for r in records] == ["def f(x):\n    return x", "class A:\n    pass"]
+    [record] = json_lines(ok("generate", "-f", "-", *target_only, "-n", 2, "--json", input="x = 1\n"))
+    assert record["prompt"] == "x = 1"
 
 
 def test_prompt_sources(target_only, tmp_path):
@@ -416,6 +486,36 @@ def test_models_path(fake_registered, tmp_path):
     assert "unknown model 'nope'" in error_of("models", "path", "nope")
 
 
+def _fake_cache_entry(name: str, size: int):
+    path = registry.model_path(name)
+    (path / "sub").mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(b"x" * size)
+    (path / "sub" / "extra").write_bytes(b"y" * 10)
+    return path
+
+
+def test_models_list_shows_the_room_in_the_cache(fake_registered):
+    _fake_cache_entry("fake-tiny", 2_000_000)
+    records = json.loads(ok("models", "list", "--json").stdout)
+    sizes = {r["name"]: r["cache_bytes"] for r in records}
+    assert sizes["fake-tiny"] == 2_000_010 and sum(sizes.values()) == 2_000_010  # the cache holds nothing else
+    result = ok("models", "list", env={"COLUMNS": "200"})
+    assert "on disk" in result.stdout
+    assert "2 MB" in next(line for line in result.stdout.splitlines() if "fake-tiny" in line)
+    assert f"cache: 2 MB in {registry.cache_dir()}" in result.stdout
+
+
+def test_models_remove(fake_registered):
+    path = _fake_cache_entry("fake-tiny", 3_000_000)
+    result = ok("models", "remove", "fake-tiny")
+    assert not path.exists() and f"removed fake-tiny: 3 MB freed in {registry.cache_dir()}" in result.stderr
+    again = ok("models", "remove", "fake-tiny")
+    assert "fake-tiny is not in the cache" in again.stderr and "nothing to remove" in again.stderr
+    path = _fake_cache_entry("fake-tiny", 10)
+    assert "unknown model 'nope'" in error_of("models", "remove", "fake-tiny", "nope")
+    assert path.exists()  # an unknown name anywhere in the list: nothing is removed
+
+
 def test_models_prepare_errors(fake_registered):
     assert "unknown model 'nope'" in error_of("models", "prepare", "nope")
     line = error_of("models", "prepare", "fake-tiny")
@@ -432,7 +532,8 @@ def test_a_prepared_builtin_name_loads(fake_registered, tiny_model_dirs, target_
     [record] = json.loads(ok("models", "list", "--json").stdout)[-1:]
     assert record["name"] == "fake-tiny" and record["cached"] is True
     args = ["generate", "def quicksort(arr):", "-n", 6, "--json"]
-    [by_name] = json_lines(ok(*args, "--target", "fake-tiny", "--draft", "none"))
+    # The converted copy is what transformers loads (llama.cpp would need the GGUF's packages).
+    [by_name] = json_lines(ok(*args, "--target", "fake-tiny", "--draft", "none", "--backend", "transformers"))
     [by_path] = json_lines(ok(*args, *target_only))
     assert by_name["token_ids"] == by_path["token_ids"]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
 
+from specdecode.backends.hf import HFBackend
 from specdecode.evals import multiplication as mul
 from specdecode.evals.verify import (REST, check_samples, exact_distribution, sample_exact, sample_speculative,
                                      verify_pair)
@@ -83,7 +83,8 @@ def prompt_ids(tokenizer):
 
 @pytest.fixture(scope="module")
 def exact_target(tiny_pair, tokenizer, prompt_ids):
-    return exact_distribution(tiny_pair[0], len(tokenizer), prompt_ids, PARAMS, positions=3, n_samples=3000)
+    backend = HFBackend(tiny_pair[0], len(tokenizer))
+    return exact_distribution(backend, prompt_ids, PARAMS, positions=3, n_samples=3000)
 
 
 def test_exact_distribution_is_the_targets(tiny_pair, tokenizer, prompt_ids, exact_target):
@@ -109,7 +110,8 @@ def test_exact_samples_pass_and_draft_samples_fail(tiny_pair, tokenizer, prompt_
     ok = check_samples(exact_target, sample_exact(exact_target, n, seed=1))
     assert ok["pass"], [t for t in ok["tests"] if not t["pass"]]
     # A wrong sampler: sequences drawn from the DRAFT's distribution instead of the target's.
-    exact_draft = exact_distribution(tiny_pair[1], len(tokenizer), prompt_ids, PARAMS, positions=3, n_samples=n)
+    draft = HFBackend(tiny_pair[1], len(tokenizer))
+    exact_draft = exact_distribution(draft, prompt_ids, PARAMS, positions=3, n_samples=n)
     wrong = check_samples(exact_target, sample_exact(exact_draft, n, seed=2))
     assert not wrong["pass"]
     assert any(t["p_value"] < wrong["level"] for t in wrong["tests"])
@@ -141,18 +143,35 @@ def test_speculative_sampler_passes(tiny_pair, tokenizer, prompt_ids, one_thread
     assert drawn.get("accepted", 0) > 0 and drawn.get("resampled", 0) > 0  # both branches of the sampler ran
 
 
-def _resample_from_p(draft_tokens, q, p, generator, method="leviathan"):
-    """The classic bug: after a rejection, draw from p instead of normalize(max(0, p − q))."""
-    from specdecode.sampling import sample
+def test_every_sample_has_its_own_seed(tiny_pair, tokenizer, prompt_ids, one_thread):
+    """The engine seeds row j of a call with seed + j, so the samples must not depend on how they are batched
+    (batches seeded seed, seed + 1, ... would repeat each other's draws)."""
+    from specdecode.engine import SpeculativeGenerator
+
+    gen = SpeculativeGenerator(tiny_pair[0], tiny_pair[1], num_speculative_tokens=2, tokenizer=tokenizer)
+    in_fours = sample_speculative(gen, prompt_ids, PARAMS, 3, 12, batch_size=4, seed=5).sequences
+    at_once = sample_speculative(gen, prompt_ids, PARAMS, 3, 12, batch_size=12, seed=5).sequences
+    assert in_fours == at_once
+    assert len(set(in_fours)) > 1
+
+
+def _resample_from_p(draft_tokens, q, p, u, method="leviathan", num_drafts=None):
+    """The classic bug: after a rejection, draw from p instead of normalize(max(0, p − q)).
+
+    rejection.verify's signature; u [B, K+1]: u[:, i] decides draft i, u[:, K] draws the next token.
+    """
+    from specdecode.sampling import sample_with_uniforms
 
     batch, k = draft_tokens.shape
+    rows = torch.arange(batch)
     if k == 0:
-        return draft_tokens.new_zeros(batch), sample(p[:, 0], generator)
+        return draft_tokens.new_zeros(batch), sample_with_uniforms(p[:, 0], u[:, -1])
+    proposed = torch.full((batch,), k) if num_drafts is None else torch.as_tensor(num_drafts)
     p_x = p[:, :k].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
     q_x = q.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
-    u = torch.rand(batch, k, generator=generator)
-    num_accepted = (u < (p_x / q_x).clamp(max=1.0)).long().cumprod(dim=1).sum(dim=1)
-    return num_accepted, sample(p[torch.arange(batch), num_accepted], generator)
+    accepted = (u[:, :k] < (p_x / q_x).clamp(max=1.0)) & (torch.arange(k) < proposed.unsqueeze(1))
+    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)
+    return num_accepted, sample_with_uniforms(p[rows, num_accepted], u[:, -1])
 
 
 def test_verify_catches_the_resample_from_p_bug(tiny_pair, tokenizer, prompt_ids, monkeypatch, one_thread):
@@ -171,7 +190,8 @@ def test_greedy_reference_is_the_greedy_continuation(tiny_pair, tokenizer, promp
     from specdecode.engine import SpeculativeGenerator
 
     params = SamplingParams(temperature=0.0)
-    exact = exact_distribution(tiny_pair[0], len(tokenizer), prompt_ids, params, positions=3, n_samples=50)
+    exact = exact_distribution(HFBackend(tiny_pair[0], len(tokenizer)), prompt_ids, params, positions=3,
+                               n_samples=50)
     assert list(exact.joint.values()) == [1.0]
     gen = SpeculativeGenerator(tiny_pair[0], tiny_pair[1], num_speculative_tokens=2, tokenizer=tokenizer)
     drawn = sample_speculative(gen, prompt_ids, params, 3, 20, batch_size=10)

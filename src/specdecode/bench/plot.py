@@ -70,26 +70,37 @@ def _bars(ax, report: dict) -> None:
     ax.set_axisbelow(True)
 
 
+def _speedup(config: dict, name: str, plain: str):
+    if name not in config["methods"] or plain not in config["methods"]:
+        return None
+    return config["methods"][name]["speedup_vs"].get(plain)
+
+
 def _speedup_vs_k(ax, report: dict) -> None:
     sweep = report["sweep"]
     costs = report.get("costs", {})
     temperatures = list(dict.fromkeys(c["temperature"] for c in sweep))
-    all_k = sorted({c["k"] for c in sweep})
+    all_k = sorted({c["k"] for c in sweep if c["k"] != "auto"})
     k_max = max(all_k + [8])
     palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2"]
     for i, t in enumerate(temperatures):
         many = len(temperatures) > 1
         suffix = f", T={t:g}" if many else ""
-        configs = sorted((c for c in sweep if c["temperature"] == t), key=lambda c: c["k"])
+        at_t = [c for c in sweep if c["temperature"] == t]
+        configs = sorted((c for c in at_t if c["k"] != "auto"), key=lambda c: c["k"])
         for name, plain, style in (("specdecode", "specdecode-plain", "-"), ("hf-assisted", "hf-plain", "-.")):
-            pts = [(c["k"], c["methods"][name]["speedup_vs"].get(plain)) for c in configs
-                   if name in c["methods"] and plain in c["methods"]]
+            color = palette[i % len(palette)] if many else COLORS[name]
+            pts = [(c["k"], _speedup(c, name, plain)) for c in configs]
             pts = [(k, s) for k, s in pts if s is not None]
             if pts:
-                color = palette[i % len(palette)] if many else COLORS[name]
                 ax.plot([k for k, _ in pts], [s for _, s in pts], linestyle=style, marker="o" if name ==
                         "specdecode" else "s", color=color, label=f"{name} measured{suffix}")
-        theory = next((c["theory"] for c in configs if c.get("theory")), None)
+            for c in at_t:  # K = auto has no place on the K axis: a level line
+                speedup = _speedup(c, name, plain) if c["k"] == "auto" else None
+                if speedup is not None:
+                    ax.axhline(speedup, linestyle=style, color=color, alpha=0.6, linewidth=1.2,
+                               label=f"{name} K=auto measured{suffix}")
+        theory = next((c["theory"] for c in configs if c.get("theory")), None)  # fixed K only
         if theory is not None and costs.get("c") is not None:
             alpha, c = theory["alpha"], costs["c"]
             ks = list(range(1, k_max + 1))

@@ -2,10 +2,16 @@
 
 Methods (all decode the same target, one prompt at a time, the same number of new tokens per prompt):
 - specdecode-plain: our decoding loop without a draft (AutoregressiveGenerator),
-- specdecode:       our speculative decoding (SpeculativeGenerator) with the draft and K,
+- specdecode:       our speculative decoding (SpeculativeGenerator) with the draft and K (a number, or "auto": the
+                    engine's adaptive K),
 - hf-plain:         transformers `generate()` (greedy or sampling, DynamicCache),
 - hf-assisted:      transformers assisted generation with the SAME draft object and the same K, constant schedule
-                    and the confidence-threshold early stop disabled, so it drafts exactly K tokens per step.
+                    and the confidence-threshold early stop disabled, so it drafts exactly K tokens per step; for
+                    K = "auto", transformers' own dynamic setting (its defaults: up to 20 drafts, stopped early
+                    when the draft's confidence falls under an adaptive threshold).
+
+Our methods go through the engine and the ModelBackend interface only (the step costs too), so they run on any
+backend; transformers' methods need transformers models and are left out (with a note) for other backends.
 
 Lengths: our engine runs with ignore_eos=True; transformers with min_new_tokens = max_new_tokens, so every method
 emits exactly max_new_tokens tokens per prompt (checked, and reported in `lengths_match`).
@@ -21,25 +27,27 @@ import datetime
 import os
 import platform
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from ..backends.hf import HFBackend
+from ..chat import encode_chat, has_chat_template
 from ..engine import AutoregressiveGenerator, SpeculativeGenerator
 from ..results import Stats
 from . import stats as st
+from .stats import merge_stats
 
 METHODS = ("specdecode-plain", "specdecode", "hf-plain", "hf-assisted")
 SPECULATIVE = ("specdecode", "hf-assisted")
 PLAIN_OF = {"specdecode": "specdecode-plain", "hf-assisted": "hf-plain"}
 SCHEMA = "specdecode.bench/1"
+AUTO = "auto"
 
 
 @dataclass
 class BenchSettings:
-    ks: list[int] = field(default_factory=lambda: [4])
+    ks: list = field(default_factory=lambda: [AUTO])  # numbers of draft tokens per step, or "auto"
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     max_new_tokens: int = 64
     runs: int = 3
@@ -52,8 +60,9 @@ class BenchSettings:
     cost_repeats: int = 3
 
     def check(self) -> None:
-        if not self.ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.ks):
-            raise ValueError(f"K values must be integers >= 1, got {self.ks}")
+        if not self.ks or any(k != AUTO and (isinstance(k, bool) or not isinstance(k, int) or k < 1)
+                              for k in self.ks):
+            raise ValueError(f"K values must be 'auto' or integers >= 1, got {self.ks}")
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise ValueError(f"temperatures must be >= 0, got {self.temperatures}")
         if self.max_new_tokens < 1:
@@ -97,10 +106,8 @@ def encode_prompts(tokenizer, texts: list[str], chat: bool) -> list[list[int]]:
         raise ValueError("bench needs the target's tokenizer to encode its prompts")
     encoded = []
     for text in texts:
-        if chat and getattr(tokenizer, "chat_template", None):
-            text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                 add_generation_prompt=True)
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if chat and has_chat_template(tokenizer):
+            ids = encode_chat(tokenizer, text)
         else:
             ids = tokenizer(text)["input_ids"]
         if not ids:
@@ -109,21 +116,9 @@ def encode_prompts(tokenizer, texts: list[str], chat: bool) -> list[list[int]]:
     return encoded
 
 
-def merge_stats(items: list[Stats]) -> Stats:
-    """Sum the counters and timings of several generate() calls."""
-    total = Stats()
-    for s in items:
-        for f in fields(Stats):
-            a, b = getattr(total, f.name), getattr(s, f.name)
-            if isinstance(b, list):
-                if len(a) < len(b):
-                    a = a + [0] * (len(b) - len(a))
-                setattr(total, f.name, [x + (b[i] if i < len(b) else 0) for i, x in enumerate(a)])
-            elif f.name == "num_speculative_tokens":
-                total.num_speculative_tokens = max(a, b)
-            else:
-                setattr(total, f.name, a + b)
-    return total
+def int_ks(ks) -> list[int]:
+    """The fixed K values of a list that may hold "auto"."""
+    return [k for k in ks if k != AUTO]
 
 
 # ----------------------------------------------------------------------------------------------- step costs
@@ -136,22 +131,21 @@ def _median_time(fn, repeats: int) -> float:
     return st.summarize(times)["median"]
 
 
-def measure_costs(target_model, draft_model, vocab_size: int, prompt_ids: list[int], ks: list[int],
-                  repeats: int = 3) -> dict:
-    """Forward costs on a warm cache (the prompt prefilled), measured with the backends the engine uses.
+def measure_costs(generator, prompt_ids: list[int], ks: list[int], repeats: int = 3) -> dict:
+    """Forward costs on a warm cache (the prompt prefilled), on the generator's own backends.
 
     target_step_ms: a 1-token target forward; verify_ms[K]: a (K+1)-token target forward; draft_step_ms: a
-    1-token draft forward. c = draft step / target step; v[K] = verify / target step. Each is the median of
-    `repeats` forwards after one untimed warm-up, with the cache trimmed back after every forward.
+    1-token forward of the draft model (none for a model-free drafter). c = draft step / target step; v[K] =
+    verify / target step. Each is the median of `repeats` forwards after one untimed warm-up, with the cache
+    trimmed back after every forward. Only the ModelBackend interface is used (reset, forward, trim, lengths).
     """
     repeats = max(1, repeats)
-    device = next(target_model.parameters()).device
-    prompt = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    draft = getattr(generator.drafter, "backend", None)  # a draft model's backend; None for prompt lookup
 
-    def backend_timer(model):
-        backend = HFBackend(model, vocab_size)
+    def backend_timer(backend):
+        device = backend.device
         backend.reset(1)
-        backend.forward(prompt, last_only=True)
+        backend.forward(torch.tensor([prompt_ids], dtype=torch.long, device=device), last_only=True)
         base = backend.lengths
 
         def step(n: int):
@@ -169,16 +163,22 @@ def measure_costs(target_model, draft_model, vocab_size: int, prompt_ids: list[i
 
         return step
 
-    target_step = backend_timer(target_model)
+    target_step = backend_timer(generator.target)
     t1 = target_step(1)
     verify = {k: target_step(k + 1) for k in sorted(set(ks))}
     result = {"repeats": repeats, "prompt_tokens": len(prompt_ids), "target_step_ms": 1000 * t1,
               "verify_ms": {str(k): 1000 * t for k, t in verify.items()},
               "v": {str(k): t / t1 for k, t in verify.items()}, "draft_step_ms": None, "c": None}
-    if draft_model is not None:
-        d1 = backend_timer(draft_model)(1)
+    if draft is not None:
+        d1 = backend_timer(draft)(1)
         result.update(draft_step_ms=1000 * d1, c=d1 / t1)
     return result
+
+
+def cost_ks(ks: list, auto_max: int) -> list[int]:
+    """K values whose verification cost is measured: those asked for, 1..4, and 1..max under "auto"."""
+    top = max(int_ks(ks) + [4] + ([auto_max] if AUTO in ks else []))
+    return sorted(set(int_ks(ks)) | set(range(1, top + 1)))
 
 
 # ----------------------------------------------------------------------------------------------- transformers
@@ -205,18 +205,20 @@ def _hf_generation_config(model, tokenizer, max_new_tokens: int, temperature: fl
 
 
 @contextlib.contextmanager
-def assistant_settings(draft_model, k: int):
+def assistant_settings(draft_model, k):
     """Make transformers' assisted generation draft exactly k tokens per step, then restore the draft's config.
 
-    num_assistant_tokens = k with the "constant" schedule (the "heuristic" default changes K as it goes), and
-    assistant_confidence_threshold = 0 (its default 0.4 stops drafting early when the draft is unsure).
+    num_assistant_tokens = k with the "constant" schedule (the "heuristic" one changes K as it goes), and
+    assistant_confidence_threshold = 0 (its default 0.4 stops drafting early when the draft is unsure). k = "auto":
+    transformers' own defaults, its dynamic setting; it adapts the threshold during a call and keeps it in the
+    draft's config, so every call starts again from the defaults.
     """
     config = draft_model.generation_config
     names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
     saved = {n: getattr(config, n, None) for n in names}
-    config.num_assistant_tokens = k
-    config.num_assistant_tokens_schedule = "constant"
-    config.assistant_confidence_threshold = 0.0
+    values = (None, None, None) if k == AUTO else (k, "constant", 0.0)
+    for n, value in zip(names, values):
+        setattr(config, n, value)
     try:
         yield
     finally:
@@ -247,9 +249,12 @@ def count_forwards(module, counter: list[int]):
         handle.remove()
 
 
-def _draft_model(draft):
-    """The draft's transformers model; None without a draft or for a model-free drafter (prompt lookup)."""
-    return getattr(draft, "model", None)
+def transformers_model(obj):
+    """The transformers model behind obj (a model, or what load_model returns); None for any other backend."""
+    from transformers import PreTrainedModel
+
+    model = getattr(obj, "model", obj)
+    return model if isinstance(model, PreTrainedModel) else None
 
 
 def run_hf(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float, top_k: int,
@@ -287,12 +292,12 @@ def run_hf(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, t
 
 
 def run_ours(generator, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float, top_k: int,
-             top_p: float, seed: int, k: int | None = None) -> Record:
+             top_p: float, seed: int) -> Record:
     per_tokens, per_seconds, all_stats = [], [], []
     for i, ids in enumerate(prompt_ids):
         t0 = time.perf_counter()
         result = generator.generate([ids], max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                                    top_p=top_p, seed=seed + i, ignore_eos=True, num_speculative_tokens=k)
+                                    top_p=top_p, seed=seed + i, ignore_eos=True)
         per_seconds.append(time.perf_counter() - t0)
         per_tokens.append(len(result.token_ids[0]))
         all_stats.append(result.stats)
@@ -306,7 +311,7 @@ class Unit:
 
     method: str
     temperature: float
-    k: int | None = None
+    k: int | str | None = None
 
     @property
     def label(self) -> str:
@@ -314,28 +319,47 @@ class Unit:
 
 
 class Bench:
-    """Holds the loaded pair and the generators; `run()` produces the report (a JSON-ready dict)."""
+    """Holds the generators and the models transformers' methods run on; `run()` produces the report (a JSON-ready
+    dict). target and draft: what the generators accept (what load_model returns, a transformers model, a
+    ModelBackend; the draft may also be a Drafter)."""
 
     def __init__(self, target, draft, prompt_ids: list[list[int]], settings: BenchSettings,
                  info: dict | None = None, peer_target=None, peer_draft=None):
         """peer_target / peer_draft: the models transformers' methods run on, when they differ from ours (a
         transformers user loads plain fp32 models, without our prepacking or draft quantization)."""
         settings.check()
-        self.target, self.draft = target, draft
-        self.peer_target = peer_target or target
-        self.peer_draft = peer_draft or draft
         self.prompt_ids = prompt_ids
         self.settings = settings
         self.info = dict(info or {})
-        methods = [m for m in settings.methods if draft is not None or m not in SPECULATIVE]
+        self.hf_target = transformers_model(peer_target or target)
+        self.hf_draft = transformers_model(peer_draft or draft) if draft is not None else None
+        self.skipped = self._unavailable(draft)
+        methods = [m for m in settings.methods if m not in self.skipped]
         if not methods:
-            raise ValueError("no method left to run: speculative methods need a draft (--draft)")
+            raise ValueError("no method left to run: " + "; ".join(f"{m}: {why}" for m, why in self.skipped.items()
+                                                                     if m in settings.methods))
         self.methods = tuple(m for m in METHODS if m in methods)  # canonical order
-        self.plain = AutoregressiveGenerator(target) if "specdecode-plain" in self.methods else None
-        self.spec = (SpeculativeGenerator(target, draft, num_speculative_tokens=max(settings.ks),
-                                          method=settings.method)
-                     if "specdecode" in self.methods else None)
-        self.vocab_size = (self.spec or self.plain or AutoregressiveGenerator(target)).target.vocab_size
+        self.plain = AutoregressiveGenerator(target)
+        # One generator per K: a generator's K (a number, or "auto" and its policy) is set when it is built.
+        self.spec = {k: SpeculativeGenerator(target, draft, num_speculative_tokens=k, method=settings.method)
+                     for k in settings.ks} if draft is not None else {}
+        self.tokenizer = self.plain.tokenizer
+        self.lookup = _is_lookup(draft)
+
+    def _unavailable(self, draft) -> dict[str, str]:
+        """Methods that cannot run here, and why."""
+        skipped = {}
+        if draft is None:
+            skipped.update({m: "no draft (--draft none)" for m in SPECULATIVE})
+        if self.hf_target is None:
+            skipped.update({m: "transformers' generate() needs a transformers target" for m in ("hf-plain",
+                                                                                                 "hf-assisted")})
+        elif draft is not None and self.hf_draft is None and not _is_lookup(draft):
+            skipped["hf-assisted"] = "transformers' assisted generation needs a transformers draft"
+        return skipped
+
+    def _auto_max(self) -> int:
+        return max((g.max_speculative_tokens for g in self.spec.values()), default=1)
 
     # -- planning
     def units(self, temperature: float) -> list[Unit]:
@@ -353,24 +377,23 @@ class Bench:
     def _run_unit(self, unit: Unit, prompt_ids: list[list[int]], seed: int) -> Record:
         s = self.settings
         args = (prompt_ids, s.max_new_tokens, unit.temperature, s.top_k, s.top_p, seed)
-        target_model, tokenizer = self.peer_target.model, self.target.tokenizer
         if unit.method == "specdecode-plain":
             return run_ours(self.plain, *args)
         if unit.method == "specdecode":
-            return run_ours(self.spec, *args, k=unit.k)
+            return run_ours(self.spec[unit.k], *args)
         if unit.method == "hf-plain":
-            return run_hf(target_model, tokenizer, *args)
-        if _draft_model(self.peer_draft) is None:  # prompt lookup: transformers has it too
-            return run_hf(target_model, tokenizer, *args, prompt_lookup=unit.k)
-        return run_hf(target_model, tokenizer, *args, assistant=self.peer_draft.model, k=unit.k)
+            return run_hf(self.hf_target, self.tokenizer, *args)
+        if self.lookup:  # prompt lookup: transformers has it too, with a fixed number of tokens
+            k = self._auto_max() if unit.k == AUTO else unit.k
+            return run_hf(self.hf_target, self.tokenizer, *args, prompt_lookup=k)
+        return run_hf(self.hf_target, self.tokenizer, *args, assistant=self.hf_draft, k=unit.k)
 
     def run(self, progress: Callable[[str], None] | None = None) -> dict:
         s = self.settings
         progress = progress or (lambda _label: None)
         started = time.time()
-        cost_ks = sorted(set(s.ks) | set(range(1, max(max(s.ks), 4) + 1)))
-        costs = measure_costs(self.target.model, _draft_model(self.draft),
-                              self.vocab_size, self.prompt_ids[0], cost_ks, s.cost_repeats)
+        costs = measure_costs(next(iter(self.spec.values()), self.plain), self.prompt_ids[0],
+                              cost_ks(s.ks, self._auto_max()), s.cost_repeats)
         progress("step costs")
         records: dict[Unit, list[Record]] = {}
         for temperature in s.temperatures:
@@ -428,7 +451,7 @@ class Bench:
             block["shared_across_k"] = True
         return block
 
-    def _config(self, temperature: float, k: int, records: dict, costs: dict) -> dict:
+    def _config(self, temperature: float, k, records: dict, costs: dict) -> dict:
         methods = {}
         for unit in sorted(self.units(temperature), key=lambda u: METHODS.index(u.method)):
             if unit.k in (None, k):
@@ -439,7 +462,9 @@ class Bench:
                                    for other, b in methods.items() if other != name}
         theory = None
         spec = methods.get("specdecode")
-        if spec is not None and costs.get("c") is not None:
+        if spec is not None and k == AUTO:
+            spec["mean_k"] = spec["stats"].get("mean_k")
+        elif spec is not None and costs.get("c") is not None:  # the formulas hold for a fixed K
             alpha, c, v = spec["alpha"], costs["c"], costs["v"][str(k)]
             plain = methods.get("specdecode-plain")
             theory = {
@@ -484,14 +509,15 @@ class Bench:
             "schema": SCHEMA,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "elapsed_s": elapsed,
-            "environment": environment(self.target.model),
+            "environment": environment(self.plain),
             "config": {**self.info, "ks": list(s.ks), "temperatures": list(s.temperatures),
                        "max_new_tokens": s.max_new_tokens, "runs": s.runs, "warmup": s.warmup, "top_k": s.top_k,
                        "top_p": s.top_p, "methods": list(self.methods), "seed": s.seed, "sampler": s.method,
                        "num_prompts": len(self.prompt_ids),
                        "prompt_tokens": [len(p) for p in self.prompt_ids],
                        "throughput": "end to end: new tokens / wall time of the generate() calls, prefill included",
-                       "lengths": "ours: ignore_eos=True; transformers: min_new_tokens = max_new_tokens"},
+                       "lengths": "ours: ignore_eos=True; transformers: min_new_tokens = max_new_tokens",
+                       "skipped": {m: why for m, why in self.skipped.items() if m in s.methods}},
             "costs": costs,
             "sweep": sweep,
             "recommended": {"k": first["k"], "temperature": first["temperature"], "by_temperature": by_temperature},
@@ -501,7 +527,14 @@ class Bench:
         }
 
 
-def environment(model=None) -> dict:
+def _is_lookup(drafter) -> bool:
+    from ..drafters import PromptLookupDrafter
+
+    return isinstance(drafter, PromptLookupDrafter)
+
+
+def environment(generator=None) -> dict:
+    """Versions, machine, and where the generator's target runs (its backend, device, and dtype when known)."""
     import transformers
 
     from .. import __version__
@@ -509,56 +542,66 @@ def environment(model=None) -> dict:
     env = {"specdecode": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
            "python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
            "torch_threads": torch.get_num_threads()}
-    if model is not None:
-        param = next(model.parameters())
-        env.update(device=str(param.device), dtype=str(param.dtype).replace("torch.", ""))
-        if param.device.type == "cuda":
-            env["gpu"] = torch.cuda.get_device_name(param.device)
+    if generator is not None:
+        device = generator.target.device
+        env.update(backend=type(generator.target).__name__, device=str(device))
+        parameters = getattr(generator.target_model, "parameters", None)
+        param = next(parameters(), None) if callable(parameters) else None
+        if param is not None:
+            env["dtype"] = str(param.dtype).replace("torch.", "")
+        if device.type == "cuda":
+            env["gpu"] = torch.cuda.get_device_name(device)
     return env
 
 
 # ----------------------------------------------------------------------------------------------- latency
-def measure_latency(target, draft, prompt_ids: list[int], ks: list[int], max_new_tokens: int = 32, runs: int = 3,
+def measure_latency(target, draft, prompt_ids: list[int], ks: list, max_new_tokens: int = 32, runs: int = 3,
                     temperature: float = 0.0, seed: int = 0, repeats: int = 3, method: str = "leviathan",
                     progress: Callable[[str], None] | None = None) -> dict:
-    """ms/token of the target alone and with the draft: forward costs, then end-to-end decoding of one prompt."""
+    """ms/token of the target alone and with the draft: forward costs, then end-to-end decoding of one prompt.
+
+    target, draft: what the generators accept; ks: numbers of draft tokens per step, or "auto".
+    """
     progress = progress or (lambda _label: None)
     plain = AutoregressiveGenerator(target)
-    vocab = plain.target.vocab_size
-    costs = measure_costs(target.model, _draft_model(draft), vocab, prompt_ids, ks, repeats)
+    spec = {k: SpeculativeGenerator(target, draft, num_speculative_tokens=k, method=method) for k in ks} \
+        if draft is not None else {}
+    auto_max = max((g.max_speculative_tokens for g in spec.values()), default=1)
+    costs = measure_costs(next(iter(spec.values()), plain), prompt_ids, cost_ks(ks, auto_max) if spec else [],
+                          repeats)
     progress("step costs")
-    spec = SpeculativeGenerator(target, draft, num_speculative_tokens=max(ks), method=method) if draft else None
-    units = [("plain", None)] + ([("speculative", k) for k in ks] if spec else [])
-    records: dict = {}
+    units = [("plain", None)] + [("speculative", k) for k in spec]
+    generators = {("plain", None): plain, **{("speculative", k): g for k, g in spec.items()}}
     for unit in units:  # warm-up
-        gen = plain if unit[0] == "plain" else spec
-        run_ours(gen, [prompt_ids], min(8, max_new_tokens), temperature, 0, 1.0, seed, k=unit[1])
+        run_ours(generators[unit], [prompt_ids], min(8, max_new_tokens), temperature, 0, 1.0, seed)
     progress("warm-up")
+    records: dict = {}
     for r in range(runs):
         for unit in units:
-            gen = plain if unit[0] == "plain" else spec
-            records.setdefault(unit, []).append(run_ours(gen, [prompt_ids], max_new_tokens, temperature, 0, 1.0,
-                                                         seed + r, k=unit[1]))
+            records.setdefault(unit, []).append(run_ours(generators[unit], [prompt_ids], max_new_tokens,
+                                                         temperature, 0, 1.0, seed + r))
             progress(f"run {r + 1}/{runs} {unit[0]}" + (f" K={unit[1]}" if unit[1] else ""))
-    plain_ms = st.summarize([x.ms_per_token for x in records[("plain", None)]])
-    plain_decode = st.summarize([1000.0 / x.stats.decode_tokens_per_second for x in records[("plain", None)]
-                                 if x.stats.decode_tokens_per_second > 0])
-    result = {"schema": "specdecode.latency/1", "environment": environment(target.model), "costs": costs,
+    plain_ms, plain_decode = _latency(records[("plain", None)])
+    result = {"schema": "specdecode.latency/1", "environment": environment(plain), "costs": costs,
               "max_new_tokens": max_new_tokens, "runs": runs, "temperature": temperature,
               "prompt_tokens": len(prompt_ids),
               "target_alone": {"step_ms": costs["target_step_ms"], "ms_per_token": plain_ms["median"],
                                "ms_per_token_std": plain_ms["std"], "decode_ms_per_token": plain_decode["median"]},
               "with_draft": []}
     for unit in units[1:]:
-        recs = records[unit]
-        ms = st.summarize([x.ms_per_token for x in recs])
-        decode = st.summarize([1000.0 / x.stats.decode_tokens_per_second for x in recs
-                               if x.stats.decode_tokens_per_second > 0])
-        merged = merge_stats([x.stats for x in recs])
+        ms, decode = _latency(records[unit])
+        merged = merge_stats([x.stats for x in records[unit]])
         result["with_draft"].append({
             "k": unit[1], "ms_per_token": ms["median"], "ms_per_token_std": ms["std"],
             "decode_ms_per_token": decode["median"], "draft_step_ms": costs["draft_step_ms"],
-            "verify_ms": costs["verify_ms"][str(unit[1])], "acceptance_rate": merged.acceptance_rate,
-            "mean_accepted_length": merged.mean_accepted_length,
+            "verify_ms": costs["verify_ms"].get(str(unit[1])), "acceptance_rate": merged.acceptance_rate,
+            "mean_accepted_length": merged.mean_accepted_length, "mean_k": getattr(merged, "mean_k", None),
             "speedup": plain_ms["median"] / ms["median"] if ms["median"] else None})
     return result
+
+
+def _latency(records: list[Record]) -> tuple[dict, dict]:
+    """Summaries of ms/token end to end, and after the prefill."""
+    return (st.summarize([x.ms_per_token for x in records]),
+            st.summarize([1000.0 / x.stats.decode_tokens_per_second for x in records
+                          if x.stats.decode_tokens_per_second > 0]))

@@ -5,11 +5,13 @@
 - the expected speedup of speculative decoding (Leviathan et al. 2023, Theorem 3.8 and Corollary 3.9), in its
   original form (the verification costs one target step) and refined with a measured verification cost,
 - goodness of fit of samples to an exact distribution: total-variation distance, a chi-square test with pooling
-  of small cells, and a sample-size-aware bound on the total-variation distance under the null hypothesis.
+  of small cells, and a sample-size-aware bound on the total-variation distance under the null hypothesis,
+- the counters of several generate() calls merged into one Stats.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from statistics import NormalDist
 from typing import Hashable, Iterable, Mapping, Sequence
@@ -27,6 +29,50 @@ def summarize(values: Sequence[float]) -> dict:
     return {"n": int(arr.size), "median": float(np.median(arr)), "mean": float(arr.mean()),
             "std": float(arr.std(ddof=1)) if arr.size > 1 else 0.0, "min": float(arr.min()),
             "max": float(arr.max())}
+
+
+# --------------------------------------------------------------------------- counters
+MAX_FIELDS = ("num_speculative_tokens",)  # fields of results.Stats that are a bound, not a count
+LAST_FIELDS = ("policy", "policy_summary")  # a label, and a report of the policy's state at the end of a call
+
+
+def merge_stats(items: Iterable):
+    """The results.Stats of several generate() calls as one.
+
+    Counts and times add up (per-position lists element by element, dicts of counts key by key); a bound (the
+    largest K) is the largest; a label or a report of the state at the end (the policy's) is the last call's.
+    """
+    from ..results import Stats
+
+    items = list(items)
+    total = Stats()
+    if items:
+        for f in dataclasses.fields(Stats):
+            setattr(total, f.name, _merge_field(f.name, [getattr(s, f.name) for s in items]))
+    return total
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _merge_field(name: str, values: list):
+    if name in MAX_FIELDS:
+        return max(values)
+    if name in LAST_FIELDS:
+        return values[-1]
+    if all(_is_number(v) for v in values):
+        return sum(values)
+    if all(isinstance(v, list) for v in values):
+        width = max(map(len, values))
+        return [sum(v[i] for v in values if i < len(v)) for i in range(width)]
+    if all(isinstance(v, dict) and all(_is_number(x) for x in v.values()) for v in values):
+        merged: dict = {}
+        for v in values:
+            for key, x in v.items():
+                merged[key] = merged.get(key, 0) + x
+        return merged
+    return values[-1]
 
 
 # --------------------------------------------------------------------------- proportions

@@ -6,7 +6,6 @@ evaluations in specdecode.evals. Heavy modules are imported inside the commands,
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import sys
@@ -14,10 +13,9 @@ from typing import List, Optional
 
 import typer
 
-from . import common
 from .app import app
-from .common import (CLIError, DeviceMapOpt, DeviceOpt, DraftOpt, DraftQuantizeOpt, DtypeOpt, MethodOpt,
-                     ModelOptions, PrepackOpt, QuantizeOpt, TargetOpt, ThreadsOpt, TrustOpt, err, load_pair, out, user_errors)
+from .common import CLIError, backend_name, err, load_pair, make_generator, out, progress_bar, user_errors
+from .options import ModelOptions, model_options
 
 bench_app = typer.Typer()  # its help is the docstring of bench() below
 app.add_typer(bench_app, name="bench")
@@ -28,16 +26,6 @@ METHOD_NAMES = ("specdecode-plain", "specdecode", "hf-plain", "hf-assisted")
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _int_list(text: str, name: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise CLIError(f"{name} must be an integer or a comma list of integers (e.g. 1,2,4,8), got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise CLIError(f"{name} values must be >= 1, got {text!r}")
-    return list(dict.fromkeys(values))
-
-
 def _float_list(text: str, name: str) -> list[float]:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
@@ -46,23 +34,6 @@ def _float_list(text: str, name: str) -> list[float]:
     if not values or any(not math.isfinite(v) or v < 0 for v in values):
         raise CLIError(f"{name} values must be finite and >= 0, got {text!r}")
     return list(dict.fromkeys(values))
-
-
-def _model_options(target, draft, device, dtype, device_map, quantize, draft_quantize, trust_remote_code,
-                   threads, prepack) -> ModelOptions:
-    return ModelOptions(target=target, draft=draft, device=device, dtype=dtype, device_map=device_map,
-                        quantize=quantize, draft_quantize=draft_quantize, trust_remote_code=trust_remote_code,
-                        threads=threads, prepack=prepack)
-
-
-def _load(opts: ModelOptions, quiet: bool = False):
-    check = getattr(common, "check_model_options", None)
-    if check is not None:
-        check(opts)  # fail on a typo before loading anything
-    quiet_hf = getattr(common, "quiet_transformers", None)
-    if quiet_hf is not None:
-        quiet_hf()
-    return load_pair(opts, quiet=quiet)
 
 
 def _clean(obj):
@@ -86,33 +57,12 @@ def _write_json(report: dict, path: Optional[str]) -> None:
         return
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
-    err.print(f"wrote {path}")
+    err.print(f"wrote {path}", markup=False)
 
 
-@contextlib.contextmanager
-def _progress(total: int, description: str):
-    """A rich progress bar on stderr; yields advance(label, n=1)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[label]}"), console=err, transient=True,
-                  disable=not err.is_terminal) as progress:
-        task = progress.add_task(description, total=total, label="")
-
-        def advance(label: str, n: int = 1) -> None:
-            progress.update(task, advance=n, label=label)
-
-        yield advance
-
-
-def _console():
-    """`out` on a terminal; when stdout is a file or a pipe, a console 160 columns wide, so the tables keep their
-    columns (rich would squeeze them into 80)."""
-    if out.is_terminal:
-        return out
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=True, width=160)
+def _quiet(json_path: Optional[str]) -> bool:
+    """Loading stays silent when the report goes to stdout and nobody watches stderr."""
+    return json_path == "-" and not err.is_terminal
 
 
 def _rate(x) -> str:
@@ -143,13 +93,9 @@ def _load_prompt_texts(prompts: str, prompts_file: Optional[str], nb_prompts: Op
 
 # ---------------------------------------------------------------------------------------------- bench
 @bench_app.callback(invoke_without_command=True)
+@model_options(k_default="auto", k_list=True)
 def bench(
     ctx: typer.Context,
-    target: str = TargetOpt,
-    draft: str = DraftOpt,
-    k: str = typer.Option("4", "-k", "--k", "--num-speculative-tokens", help="Draft tokens per verification; a "
-                          "comma list (1,2,4,8) sweeps K and recommends the best."),
-    method: str = MethodOpt,
     prompts: str = typer.Option("code", "--prompts", help="Prompt set: code, prose, edit (built in), or a file "
                                 "(.jsonl of {\"prompt\": ...}, or text: prompts separated by '---' lines, else one "
                                 "per line)."),
@@ -177,14 +123,7 @@ def bench(
     peer_models: str = typer.Option("stock", "--peer-models", help="Models transformers' methods run on: stock "
                                     "(plain fp32, as a transformers user loads them) or same (our prepacked target "
                                     "and quantized draft, to compare the decoding loops alone)."),
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
-    device_map: Optional[str] = DeviceMapOpt,
-    quantize: Optional[str] = QuantizeOpt,
-    draft_quantize: Optional[str] = DraftQuantizeOpt,
-    trust_remote_code: bool = TrustOpt,
-    threads: Optional[int] = ThreadsOpt,
-    prepack: bool = PrepackOpt,
+    opts: ModelOptions = None,
 ) -> None:
     """Benchmark plain vs speculative decoding, ours and transformers'.
 
@@ -192,10 +131,11 @@ def bench(
 
     Methods: specdecode-plain (our loop, no draft), specdecode (ours,
     speculative), hf-plain (transformers generate), hf-assisted
-    (transformers assisted generation with the same draft object and K).
+    (transformers assisted generation with the same draft object and K;
+    with K=auto, transformers' own dynamic setting).
     Runs are interleaved after a warm-up. Reports tokens/s, ms/token,
     speedups, acceptance, the measured cost ratio c and verification cost v,
-    and the theoretical speedup next to the measured one.
+    and the theoretical speedup next to the measured one (fixed K).
 
     `specdecode bench latency` measures ms/token of the target alone and
     with the draft.
@@ -203,41 +143,45 @@ def bench(
     if ctx.invoked_subcommand is not None:
         return
     with user_errors():
-        from ..bench.runner import Bench, BenchSettings, encode_prompts
+        import dataclasses
 
-        ks = _int_list(k, "-k")
+        from ..bench.runner import Bench, BenchSettings, encode_prompts
+        from ..sampling import SamplingParams
+
         temperatures = _float_list(temperature, "--temperature")
         chosen = [m.strip() for m in methods.split(",") if m.strip()]
         unknown = [m for m in chosen if m not in METHOD_NAMES]
         if unknown or not chosen:
             raise CLIError(f"unknown --methods {', '.join(unknown) or '(none)'}: choose among {', '.join(METHOD_NAMES)}")
         if sanity:
+            if "auto" in opts.k_values:
+                raise CLIError("--sanity needs a fixed -k (e.g. -k 3): with the draft as costly as the target, "
+                               "-k auto rightly declines to draft, and there would be nothing to check")
             temperatures = [0.0]
             chosen = ["specdecode-plain", "specdecode"]
-        settings = BenchSettings(ks=ks, temperatures=temperatures, max_new_tokens=max_new_tokens, runs=runs,
-                                 warmup=warmup, top_k=top_k, top_p=top_p, methods=tuple(chosen), seed=seed,
-                                 method=method, cost_repeats=cost_repeats)
+            opts = dataclasses.replace(opts, draft=None)
+        settings = BenchSettings(ks=opts.k_values, temperatures=temperatures, max_new_tokens=max_new_tokens,
+                                 runs=runs, warmup=warmup, top_k=top_k, top_p=top_p, methods=tuple(chosen),
+                                 seed=seed, method=opts.method, cost_repeats=cost_repeats)
         settings.check()
-        from ..sampling import SamplingParams
-
         for t in temperatures:
             SamplingParams(t, top_k, top_p)
         texts, prompt_name = _load_prompt_texts(prompts, prompts_file, nb_prompts)
-        opts = _model_options(target, None if sanity else draft, device, dtype, device_map, quantize,
-                              draft_quantize, trust_remote_code, threads, prepack)
-        target_model, draft_model = _load(opts, quiet=json_path == "-" and not err.is_terminal)
+        target_model, draft_model = load_pair(opts, quiet=_quiet(json_path))
         if sanity:
             draft_model = target_model
         if draft_model is None and any(m in ("specdecode", "hf-assisted") for m in chosen):
             err.print("no draft (--draft none): running the plain methods only")
         prompt_ids = encode_prompts(target_model.tokenizer, texts, chat)
-        info = {"target": target, "draft": target if sanity else (draft if opts.has_draft else None),
-                "prompts": prompt_name, "chat": chat, "dtype": dtype, "device": device,
-                "draft_quantize": None if sanity else draft_quantize, "quantize": quantize, "sanity": sanity}
-        peer_target, peer_draft = _peer_models(peer_models, opts, chosen, sanity)
-        info["peer_models"] = peer_models
+        info = {"target": opts.target, "draft": opts.target if sanity else (opts.draft if opts.has_draft else None),
+                "prompts": prompt_name, "chat": chat, "dtype": opts.dtype, "device": opts.device,
+                "backend": backend_name(target_model), "draft_quantize": None if sanity else opts.draft_quantize,
+                "quantize": opts.quantize, "sanity": sanity, "peer_models": peer_models}
+        peer_target, peer_draft = _peer_models(peer_models, opts, chosen, sanity, backend_name(target_model))
         runner = Bench(target_model, draft_model, prompt_ids, settings, info, peer_target, peer_draft)
-        with _progress(runner.total_steps(), "bench") as advance:
+        for method, why in _skipped(runner, chosen):
+            err.print(f"{method} left out: {why}", markup=False)
+        with progress_bar(runner.total_steps(), "bench") as advance:
             report = runner.run(progress=advance)
         if sanity:
             report["sanity"] = _sanity_verdict(report)
@@ -248,29 +192,38 @@ def bench(
             from ..bench.plot import plot_report
 
             plot_report(report, plot)
-            err.print(f"wrote {plot}")
+            err.print(f"wrote {plot}", markup=False)
         if sanity and not report["sanity"]["pass"]:
             raise typer.Exit(1)
 
 
-def _peer_models(peer_models: str, opts: ModelOptions, methods, sanity: bool):
+def _skipped(runner, chosen) -> list[tuple[str, str]]:
+    """The asked-for methods the runner cannot run here (other than for want of a draft, said already)."""
+    return [(m, why) for m, why in runner.skipped.items() if m in chosen and m not in runner.methods
+            and why != "no draft (--draft none)"]
+
+
+def _peer_models(peer_models: str, opts: ModelOptions, methods, sanity: bool, ours: str):
     """The models transformers' methods run on: ours ("same"), or as a transformers user loads them ("stock":
-    plain fp32 weights, no prepacking, no draft quantization). (None, None) means ours."""
+    plain fp32 weights, no prepacking, no draft quantization). (None, None) means ours. ours: the backend our
+    target runs on."""
     if peer_models not in ("stock", "same"):
         raise CLIError(f"--peer-models must be stock or same, got {peer_models!r}")
     wants_hf = any(m.startswith("hf-") for m in methods)
-    ours_is_stock = not opts.prepack and opts.draft_quantize in (None, "none") and opts.quantize in (None, "none")
+    ours_is_stock = (not opts.prepack and opts.draft_quantize in (None, "none") and opts.quantize in (None, "none")
+                     and ours == "transformers")
     if peer_models == "same" or not wants_hf or ours_is_stock:
         return None, None
     from ..models.loading import load_model
 
+    # transformers' methods need transformers models, whatever backend ours run on.
     stock = dict(device=opts.device, dtype=opts.dtype, device_map=opts.device_map,
-                 trust_remote_code=opts.trust_remote_code, progress=False)
+                 trust_remote_code=opts.trust_remote_code, progress=False, backend="transformers")
     target = load_model(opts.target, **stock)
     draft = None
     if opts.has_draft and not opts.draft_is_lookup and not sanity:
         draft = load_model(opts.draft, **stock)
-    return target, (draft if draft is not None else None)
+    return target, draft
 
 
 def _sanity_verdict(report: dict) -> dict:
@@ -327,7 +280,7 @@ def _print_bench(report: dict) -> None:
                 if not block["lengths_match"]:
                     err.print(f"[yellow]warning:[/] {name} made {block['new_tokens_per_prompt']} tokens per prompt, "
                               f"not {config['max_new_tokens']} each")
-        _console().print(speed)
+        out.print(speed, soft_wrap=False)
         rows = [(c, name, c["methods"][name]) for c in configs for name in ("specdecode", "hf-assisted")
                 if name in c["methods"]]
         if rows:
@@ -340,14 +293,15 @@ def _print_bench(report: dict) -> None:
                 theory = c.get("theory") or {}
                 measured = block["speedup_vs"].get("specdecode-plain" if name == "specdecode" else "hf-plain")
                 pos = " ".join(f"{a:.0%}" for a in block.get("per_position_acceptance", []))
-                spec_table.add_row(name, str(c["k"]), _fmt(block.get("acceptance_rate"), ".1%"),
+                k = str(c["k"]) + (f" (mean {block['mean_k']:.1f})" if block.get("mean_k") is not None else "")
+                spec_table.add_row(name, k, _fmt(block.get("acceptance_rate"), ".1%"),
                                    _fmt(block.get("mean_accepted_length"), ".2f"), pos,
                                    _fmt(measured, ".2f") + "×" if measured else "–",
                                    _fmt(theory.get("expected_speedup"), ".2f") + "×" if name == "specdecode"
                                    and theory else "",
                                    _fmt(theory.get("expected_speedup_refined"), ".2f") + "×" if name == "specdecode"
                                    and theory else "")
-            _console().print(spec_table)
+            out.print(spec_table, soft_wrap=False)
     costs = report["costs"]
     line = f"step costs (warm cache, {costs['prompt_tokens']}-token prompt): target 1 token " \
            f"{costs['target_step_ms']:.1f} ms"
@@ -379,11 +333,8 @@ def _print_bench(report: dict) -> None:
 
 
 @bench_app.command("latency")
+@model_options(k_default="auto", k_list=True)
 def latency(
-    target: str = TargetOpt,
-    draft: str = DraftOpt,
-    k: str = typer.Option("4", "-k", "--k", "--num-speculative-tokens", help="K, or a comma list."),
-    method: str = MethodOpt,
     prompts: str = typer.Option("code", "--prompts", help="Prompt set or file; its first prompt is used."),
     prompt: Optional[str] = typer.Option(None, "--prompt", help="Use this text as the prompt instead."),
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", "-n", help="New tokens per timed decode."),
@@ -393,14 +344,7 @@ def latency(
     chat: bool = typer.Option(True, "--chat/--raw", help="Wrap the prompt in the chat template."),
     cost_repeats: int = typer.Option(3, "--cost-repeats", help="Forwards timed per step-cost measurement."),
     json_path: Optional[str] = typer.Option(None, "--json", help="Write the numbers to this JSON file ('-' = stdout)."),
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
-    device_map: Optional[str] = DeviceMapOpt,
-    quantize: Optional[str] = QuantizeOpt,
-    draft_quantize: Optional[str] = DraftQuantizeOpt,
-    trust_remote_code: bool = TrustOpt,
-    threads: Optional[int] = ThreadsOpt,
-    prepack: bool = PrepackOpt,
+    opts: ModelOptions = None,
 ) -> None:
     """ms/token of the target alone and with the draft.
 
@@ -411,20 +355,18 @@ def latency(
         from ..bench.runner import encode_prompts, measure_latency
         from ..sampling import SamplingParams
 
-        ks = _int_list(k, "-k")
+        ks = opts.k_values
         SamplingParams(temperature, 0, 1.0)
         if max_new_tokens < 1 or runs < 1:
             raise CLIError("--max-new-tokens and --runs must be >= 1")
         texts = [prompt] if prompt else _load_prompt_texts(prompts, None, 1)[0]
-        opts = _model_options(target, draft, device, dtype, device_map, quantize, draft_quantize,
-                              trust_remote_code, threads, prepack)
-        target_model, draft_model = _load(opts, quiet=json_path == "-" and not err.is_terminal)
+        target_model, draft_model = load_pair(opts, quiet=_quiet(json_path))
         [ids] = encode_prompts(target_model.tokenizer, texts[:1], chat)
         units = 1 + len(ks) if draft_model is not None else 1
-        with _progress(2 + runs * units, "latency") as advance:
+        with progress_bar(2 + runs * units, "latency") as advance:
             report = measure_latency(target_model, draft_model, ids, ks, max_new_tokens, runs, temperature, seed,
-                                     cost_repeats, method, progress=advance)
-        report.update(target=target, draft=draft if opts.has_draft else None)
+                                     cost_repeats, opts.method, progress=advance)
+        report.update(target=opts.target, draft=opts.draft if opts.has_draft else None)
         if json_path != "-":
             _print_latency(report)
         _write_json(report, json_path)
@@ -446,12 +388,23 @@ def _print_latency(report: dict) -> None:
     for row in report["with_draft"]:
         table.add_row(f"with draft, K={row['k']}", f"{row['ms_per_token']:.1f} ± {row['ms_per_token_std']:.1f}",
                       _fmt(row["decode_ms_per_token"], ".1f"),
-                      f"draft step {row['draft_step_ms']:.1f} ms, verify {row['verify_ms']:.1f} ms "
-                      f"(v={costs['v'][str(row['k'])]:.2f})", f"{row['acceptance_rate']:.1%}",
+                      _row_costs(row, costs), f"{row['acceptance_rate']:.1%}",
                       f"{row['mean_accepted_length']:.2f}", _fmt(row["speedup"], ".2f") + "×")
-    _console().print(table)
+    out.print(table, soft_wrap=False)
     if costs.get("c") is not None:
         out.print(f"cost ratio c = draft step / target step = {costs['c']:.3f}")
+
+
+def _row_costs(row: dict, costs: dict) -> str:
+    """The draft step and the (K+1)-token verification of a row; auto has no single K to cost."""
+    parts = []
+    if row["draft_step_ms"] is not None:
+        parts.append(f"draft step {row['draft_step_ms']:.1f} ms")
+    if row["verify_ms"] is not None:
+        parts.append(f"verify {row['verify_ms']:.1f} ms (v={costs['v'][str(row['k'])]:.2f})")
+    if row.get("mean_k") is not None and row["k"] == "auto":
+        parts.append(f"mean K {row['mean_k']:.2f}")
+    return ", ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------- eval
@@ -461,11 +414,8 @@ def _eval_group() -> None:
 
 
 @eval_app.command("multiplication")
+@model_options(k_default="4")
 def multiplication(
-    target: str = TargetOpt,
-    draft: str = DraftOpt,
-    k: int = typer.Option(4, "-k", "--k", "--num-speculative-tokens", help="Draft tokens per verification."),
-    method: str = MethodOpt,
     nb_prompts: int = typer.Option(100, "--nb-prompts", help="Problems per seed."),
     seed: str = typer.Option("0", "--seed", help="Seed of the problems; a comma list (0,1,2) pools several."),
     temperature: float = typer.Option(0.7, "--temperature", help="Sampling temperature of both runs (0 = greedy)."),
@@ -474,14 +424,7 @@ def multiplication(
     max_new_tokens: int = typer.Option(8, "--max-new-tokens", "-n", help="Most new tokens per answer (both runs)."),
     batch_size: int = typer.Option(16, "--batch-size", help="Prompts per generate() call."),
     json_path: Optional[str] = typer.Option(None, "--json", help="Write results to this JSON file ('-' = stdout)."),
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
-    device_map: Optional[str] = DeviceMapOpt,
-    quantize: Optional[str] = QuantizeOpt,
-    draft_quantize: Optional[str] = DraftQuantizeOpt,
-    trust_remote_code: bool = TrustOpt,
-    threads: Optional[int] = ThreadsOpt,
-    prepack: bool = PrepackOpt,
+    opts: ModelOptions = None,
 ) -> None:
     """Accuracy on a × b: plain vs speculative sampling, Wilson CIs, z-test.
 
@@ -493,26 +436,24 @@ def multiplication(
     answer is the first integer the model writes.
     """
     with user_errors():
-        from ..engine import AutoregressiveGenerator, SpeculativeGenerator
         from ..evals.multiplication import evaluate, make_problems
         from ..sampling import SamplingParams
 
         seeds = _seed_list(seed)
         SamplingParams(temperature, top_k, top_p)
-        if k < 1 or batch_size < 1 or max_new_tokens < 1:
-            raise CLIError("-k, --batch-size and --max-new-tokens must be >= 1")
+        k = opts.num_speculative_tokens
+        if batch_size < 1 or max_new_tokens < 1:
+            raise CLIError("--batch-size and --max-new-tokens must be >= 1")
         problems = make_problems(nb_prompts, seeds)
-        opts = _model_options(target, draft, device, dtype, device_map, quantize, draft_quantize,
-                              trust_remote_code, threads, prepack)
         if not opts.has_draft:
             raise CLIError("eval multiplication compares plain with speculative sampling: give a --draft")
-        target_model, draft_model = _load(opts, quiet=json_path == "-" and not err.is_terminal)
-        plain = AutoregressiveGenerator(target_model)
-        spec = SpeculativeGenerator(target_model, draft_model, num_speculative_tokens=k, method=method)
-        with _progress(2 * len(problems), "eval multiplication") as advance:
+        target_model, draft_model = load_pair(opts, quiet=_quiet(json_path))
+        plain = make_generator(target_model, None, k, opts.method)
+        spec = make_generator(target_model, draft_model, k, opts.method)
+        with progress_bar(2 * len(problems), "eval multiplication") as advance:
             result = evaluate(plain, spec, problems, max_new_tokens, temperature, top_k, top_p, batch_size,
-                              seed=seeds[0], progress=lambda name, n: advance(name, n))
-        result.update(target=target, draft=draft, k=k, seeds=seeds, nb_prompts=nb_prompts)
+                              seed=seeds[0], progress=advance)
+        result.update(target=opts.target, draft=opts.draft, k=k, seeds=seeds, nb_prompts=nb_prompts)
         if json_path != "-":
             _print_multiplication(result)
         _write_json(result, json_path)
@@ -541,7 +482,7 @@ def _print_multiplication(result: dict) -> None:
         table.add_row(label, f"{m['correct']}/{m['n']}", f"{m['accuracy']:.1%}",
                       f"[{m['ci95'][0]:.1%}, {m['ci95'][1]:.1%}]", str(m["unparsed"]), f"{m['tokens_per_second']:.1f}",
                       _fmt(m["acceptance_rate"], ".1%", ""))
-    _console().print(table)
+    out.print(table, soft_wrap=False)
     c = result["comparison"]
     verdict = ("[green]consistent[/]: no evidence that the accuracies differ" if c["consistent"] else
                "[bold red]INCONSISTENT[/]: the accuracies differ more than sampling noise explains (p < 0.05)")
@@ -551,11 +492,8 @@ def _print_multiplication(result: dict) -> None:
 
 # ---------------------------------------------------------------------------------------------- verify
 @app.command("verify")
+@model_options(k_default="4")
 def verify(
-    target: str = TargetOpt,
-    draft: str = DraftOpt,
-    k: int = typer.Option(4, "-k", "--k", "--num-speculative-tokens", help="Draft tokens per verification."),
-    method: str = MethodOpt,
     temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature (0 = greedy: every sample "
                                       "must equal the greedy continuation)."),
     top_k: int = typer.Option(3, "--top-k", help="Top-k (0 = off). A small top-k keeps the joint distribution "
@@ -576,14 +514,7 @@ def verify(
                                   "compute the exact distribution."),
     json_path: Optional[str] = typer.Option(None, "--json", help="Write the full report to this JSON file ('-' = "
                                             "stdout)."),
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
-    device_map: Optional[str] = DeviceMapOpt,
-    quantize: Optional[str] = QuantizeOpt,
-    draft_quantize: Optional[str] = DraftQuantizeOpt,
-    trust_remote_code: bool = TrustOpt,
-    threads: Optional[int] = ThreadsOpt,
-    prepack: bool = PrepackOpt,
+    opts: ModelOptions = None,
 ) -> None:
     """Check on your pair that speculative sampling is lossless.
 
@@ -597,12 +528,12 @@ def verify(
     """
     with user_errors():
         from ..bench.prompts import load_prompts
-        from ..engine import SpeculativeGenerator
         from ..evals.verify import DEFAULT_PROMPTS, verify_pair
         from ..sampling import SamplingParams
 
         params = SamplingParams(temperature, top_k, top_p)
-        for name, value, low in (("-k", k, 1), ("--samples", samples, 1), ("--positions", positions, 1),
+        k = opts.num_speculative_tokens
+        for name, value, low in (("--samples", samples, 1), ("--positions", positions, 1),
                                  ("--batch-size", batch_size, 1), ("--nb-prompts", nb_prompts, 1),
                                  ("--max-nodes", max_nodes, 1)):
             if value < low:
@@ -615,26 +546,30 @@ def verify(
             texts = [p.text for p in load_prompts(prompts)][:nb_prompts]
         else:
             texts = list(DEFAULT_PROMPTS)[:nb_prompts]
-        opts = _model_options(target, draft, device, dtype, device_map, quantize, draft_quantize,
-                              trust_remote_code, threads, prepack)
         if not opts.has_draft:
             raise CLIError("verify checks speculative decoding: give a --draft")
-        target_model, draft_model = _load(opts, quiet=json_path == "-" and not err.is_terminal)
-        gen = SpeculativeGenerator(target_model, draft_model, num_speculative_tokens=k, method=method)
+        target_model, draft_model = load_pair(opts, quiet=_quiet(json_path))
+        gen = make_generator(target_model, draft_model, k, opts.method)
         if gen.tokenizer is None:
             raise CLIError("verify needs the target's tokenizer to encode its prompts")
         prompt_ids = [gen.tokenizer(t)["input_ids"] for t in texts]
         if any(not ids for ids in prompt_ids):
             raise CLIError("a prompt encodes to no tokens")
-        with _progress(samples * len(prompt_ids), "verify") as advance:
+        with progress_bar(samples * len(prompt_ids), "verify") as advance:
             report = verify_pair(gen, prompt_ids, params, positions, samples, batch_size, seed, alpha, max_nodes,
-                                 progress=lambda label, n: advance(label, n))
-        report.update(target=target, draft=draft, method=method, prompt_texts=texts)
+                                 progress=advance)
+        report.update(target=opts.target, draft=opts.draft, method=opts.method, prompt_texts=texts)
         if json_path != "-":
             _print_verify(report, gen.tokenizer)
         _write_json(report, json_path)
         if not report["pass"]:
             raise typer.Exit(1)
+
+
+def _full_steps(report: dict) -> bool:
+    """Whether some step drafted all K tokens (under auto, K is the engine's choice: any step that drafted)."""
+    k = report["k"]
+    return report["max_drafts_per_step_exercised"] >= (1 if k == "auto" else k)
 
 
 def _print_verify(report: dict, tokenizer) -> None:
@@ -655,7 +590,7 @@ def _print_verify(report: dict, tokenizer) -> None:
             result = "[green]pass[/]" if t["pass"] else "[bold red]FAIL[/] " + escape("; ".join(t["reasons"]))
             table.add_row(t["name"], f"{t['pooled_cells']}/{t['cells']}", f"{t['tv']:.4f}", f"{t['tv_threshold']:.4f}",
                           _fmt(t["chi2"], ".1f", "inf"), str(t["dof"]), f"{t['p_value']:.3g}", result)
-        _console().print(table)
+        out.print(table, soft_wrap=False)
         prov = ", ".join(f"{k} {v}" for k, v in sorted(r["provenance"].items()))
         out.print(f"  tokens sampled by provenance: {prov}; draft acceptance {r['acceptance_rate']:.1%} "
                   f"({r['accepted_tokens']}/{r['proposed_tokens']}); exact reference from {r['exact_forward_rows']} "
@@ -666,7 +601,7 @@ def _print_verify(report: dict, tokenizer) -> None:
     out.print(f"What this checks: the first {report['positions']} sampled tokens follow the target's exact "
               f"distribution (after the same warping), per position and jointly; steps drafted at most "
               f"{report['max_drafts_per_step_exercised']} token(s) (K={report['k']}, P={report['positions']}"
-              f"{'' if report['max_drafts_per_step_exercised'] >= report['k'] else '; use P >= K+2 for full steps'}"
+              f"{'' if _full_steps(report) else '; use P >= K+2 for full steps'}"
               f"). "
               f"A PASS means no deviation larger than about TV {report['prompts'][0]['detectable_tv']:.3f} "
               f"(joint) was detected; it is evidence, not proof, and covers only these prompts and positions.")

@@ -1,31 +1,43 @@
-"""What every command shares: model options, loading the pair, error reporting, the console."""
+"""What every command shares: the consoles, error reporting, loading the pair, prompts, progress, statistics."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
-from dataclasses import dataclass
+import time
 from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+from .options import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: F401  (where scripts and tests have found them)
+from .options import AUTO, QUANTIZATIONS, CLIError, ModelOptions, Speculation, parse_k
 
 # Progress bars and status lines go to stderr so stdout stays clean for text and --json.
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
+WIDE = 200  # columns for output that goes to a pipe or a file
 
 
-class CLIError(Exception):
-    """A problem the user can fix; printed as one line, exit code 1."""
+def fit_width() -> None:
+    """Give output that goes to a pipe or a file a wide page.
+
+    Without a terminal rich (and Typer's help, drawn with rich) assumes 80 columns and cuts what is longer
+    ("--num-speculative-t…"). A terminal keeps its own width; so does an explicit COLUMNS.
+    """
+    if "COLUMNS" in os.environ:
+        return
+    if not sys.stdout.isatty():
+        os.environ.setdefault("TERMINAL_WIDTH", str(WIDE))  # Typer's help; it reads this when it first draws
+        out.width = WIDE
+    if not sys.stderr.isatty():
+        err.width = WIDE
 
 
 def fail(message: str, code: int = 1) -> None:
-    # soft_wrap: one line even when stderr is not a terminal (rich would otherwise wrap at 80 columns).
+    # soft_wrap: one line whatever the width.
     err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
@@ -51,116 +63,28 @@ def one_line(message: str) -> str:
     return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
-# Option declarations shared by generate, compare, bench, eval, verify and serve.
-TargetOpt = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: a built-in name, an HF directory, "
-                         "a .gguf file, or a hub id in the local HF cache.")
-DraftOpt = typer.Option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model (same kinds as --target); "
-                        "'prompt-lookup' to draft by copying from the context (no second model); 'none' for plain "
-                        "decoding of the target.")
-KOpt = typer.Option(4, "-k", "--num-speculative-tokens", help="Draft tokens proposed per target verification.")
-MethodOpt = typer.Option("leviathan", "--method", help="Rejection sampler: leviathan (Alg. 1, vectorised) or "
-                         "chen (Alg. 2, sequential). Both are lossless.")
-DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto.")
-DtypeOpt = typer.Option("auto", "--dtype", help="float32, float16, bfloat16 or auto (fp32 on CPU, fp16 on CUDA).")
-DeviceMapOpt = typer.Option(None, "--device-map", help="'auto': shard the target over the available GPUs "
-                            "(accelerate), for targets that do not fit one GPU.")
-QuantizeOpt = typer.Option(None, "--quantize", help="Quantize the TARGET: int8 (CPU: torch dynamic int8 Linear; "
-                           "CUDA: bitsandbytes) or int4 (CUDA, bitsandbytes). Changes the target's numerics.")
-DraftQuantizeOpt = typer.Option("auto", "--draft-quantize", help="Quantize only the DRAFT: int8, int4, none, or "
-                                "auto (int8 on CPU, where it makes drafting several times cheaper). Only q "
-                                "changes, so the output keeps exactly the target's distribution.")
-TrustOpt = typer.Option(False, "--trust-remote-code", help="Allow a model's own Python code (off by default).")
-PrepackOpt = typer.Option(True, "--prepack/--no-prepack", help="On the CPU, prepack the target's fp32 Linear "
-                          "weights (oneDNN blocked layout): verifying K+1 tokens then costs about one decode step. "
-                          "Same function up to fp32 rounding; used for plain decoding too.")
-ThreadsOpt = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice).")
-
-
-@dataclass
-class ModelOptions:
-    target: str = DEFAULT_TARGET
-    draft: Optional[str] = DEFAULT_DRAFT
-    device: str = "cpu"
-    dtype: str = "auto"
-    device_map: Optional[str] = None
-    quantize: Optional[str] = None
-    draft_quantize: Optional[str] = "auto"
-    trust_remote_code: bool = False
-    threads: Optional[int] = None
-    prepack: bool = True
-
-    @property
-    def has_draft(self) -> bool:
-        return self.draft is not None and self.draft.lower() != "none"
-
-    @property
-    def draft_is_lookup(self) -> bool:
-        """--draft prompt-lookup: draft by copying n-grams of the context, no second model."""
-        return self.has_draft and self.draft.lower() == "prompt-lookup"
-
-
-def load_pair(opts: ModelOptions, quiet: bool = False):
-    """(target, draft or None) as LoadedModels, with a status line on stderr while loading."""
-    import torch
-
-    from ..models.loading import load_model, resolve_device
-
-    if opts.threads is not None:
-        if opts.threads < 1:
-            raise CLIError(f"--threads must be >= 1, got {opts.threads}")
-        torch.set_num_threads(opts.threads)
-    for name, value in (("--quantize", opts.quantize), ("--draft-quantize", opts.draft_quantize)):
-        if value not in (None, "none", "auto", "int8", "int4"):
-            raise CLIError(f"{name} must be int8, int4 or none, got {value!r}")
-    device = resolve_device(opts.device) if opts.device_map is None else None
-    status = err.status if not quiet and err.is_terminal else _no_status
-    with status(f"loading target {opts.target}"):
-        target = load_model(opts.target, device=opts.device, dtype=opts.dtype, device_map=opts.device_map,
-                            quantize=_none(opts.quantize), trust_remote_code=opts.trust_remote_code,
-                            prepack=opts.prepack, progress=not quiet)
-    draft = None
-    if opts.draft_is_lookup:
-        from ..drafters import PromptLookupDrafter
-
-        draft = PromptLookupDrafter()
-    elif opts.has_draft:
-        quant = opts.draft_quantize
-        if quant == "auto":
-            quant = "int8" if device is not None and device.type == "cpu" else None
-        with status(f"loading draft {opts.draft}"):
-            draft = load_model(opts.draft, device=opts.device if opts.device_map is None else "auto",
-                               dtype=opts.dtype, quantize=_none(quant), trust_remote_code=opts.trust_remote_code,
-                               progress=not quiet)
-    return target, draft
-
-
-def _none(value):
-    return None if value in (None, "none") else value
-
-
 @contextlib.contextmanager
-def _no_status(_message):
-    yield
+def progress_bar(total: int, description: str, enabled: bool = True):
+    """A progress bar on stderr, drawn only on a terminal: a pipe or a log gets no carriage returns.
 
+    Yields advance(label="", n=1).
+    """
+    if not (enabled and err.is_terminal and total > 0):
+        yield lambda label="", n=1: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-def use_color() -> bool:
-    return sys.stdout.isatty() and "NO_COLOR" not in os.environ
-
-
-def make_generator(target, draft, k: int, method: str):
-    """The speculative generator, or the plain one when there is no draft."""
-    from ..engine import AutoregressiveGenerator, SpeculativeGenerator
-
-    if draft is None:
-        return AutoregressiveGenerator(target)
-    return SpeculativeGenerator(target, draft, num_speculative_tokens=k, method=method)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[label]}"), console=err, transient=True) as progress:
+        task = progress.add_task(description, total=total, label="")
+        yield lambda label="", n=1: progress.update(task, advance=n, label=label)
 
 
 # ---------------------------------------------------------------------------------------------- early checks
 # Checked before any model is loaded, so a typo costs nothing. Each raises ValueError/CLIError with one line.
 
 def check_generation_args(temperature: float, top_k: int, top_p: float, max_new_tokens: int,
-                          k: Optional[int] = None, method: Optional[str] = None,
+                          k: Optional[str] = None, method: Optional[str] = None,
                           stop: Optional[list] = None, batch_size: Optional[int] = None) -> None:
     """The engine's own argument checks (same messages), run before loading anything."""
     from ..rejection import METHODS
@@ -169,8 +93,8 @@ def check_generation_args(temperature: float, top_k: int, top_p: float, max_new_
     SamplingParams(temperature, top_k, top_p)
     if max_new_tokens < 1:
         raise CLIError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    if k is not None and k < 1:
-        raise CLIError(f"-k (draft tokens per step) must be >= 1, got {k}; use --draft none for plain decoding")
+    if k is not None:
+        parse_k(k)
     if method is not None and method not in METHODS:
         raise CLIError(f"unknown --method {method!r}; choose one of: {', '.join(METHODS)}")
     if stop and any(not s for s in stop):
@@ -180,18 +104,20 @@ def check_generation_args(temperature: float, top_k: int, top_p: float, max_new_
 
 
 def check_model_options(opts: ModelOptions) -> None:
-    """Device, dtype, quantization and the model names/paths, without loading (or converting) anything.
+    """Backend, threads, device, dtype, quantization and the model names/paths, without loading anything.
 
     Raises DeviceUnavailableError for a GPU that is not there, ModelNotFoundError for an unknown name or a
     missing path, and ModelNotInstalledError (with the pip command) for a built-in model whose package is missing.
     """
     from ..models import registry
-    from ..models.loading import _locate, resolve_device, resolve_dtype
+    from ..models.loading import BACKENDS, _locate, resolve_device, resolve_dtype
 
+    if opts.backend not in BACKENDS:
+        raise CLIError(f"--backend must be one of {', '.join(BACKENDS)}, got {opts.backend!r}")
     if opts.threads is not None and opts.threads < 1:
         raise CLIError(f"--threads must be >= 1, got {opts.threads}")
     for name, value in (("--quantize", opts.quantize), ("--draft-quantize", opts.draft_quantize)):
-        if value not in (None, "none", "auto", "int8", "int4"):
+        if value not in QUANTIZATIONS:
             raise CLIError(f"{name} must be int8, int4, none or auto, got {value!r}")
     if opts.device_map is None:
         resolve_dtype(opts.dtype, resolve_device(opts.device))
@@ -207,10 +133,95 @@ def check_model_options(opts: ModelOptions) -> None:
             _locate(ref, progress=False)  # cheap for paths and hub ids: raises ModelNotFoundError
 
 
+# ---------------------------------------------------------------------------------------------- loading
+def quiet_transformers() -> None:
+    """transformers' own progress bars ("Loading weights") would tear the CLI's display and write carriage
+    returns into logs; the CLI shows its own status. Switched off with transformers' own switch."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] = None):
+    """(target, draft or None) after checking the options: LoadedModels, or a PromptLookupDrafter as the draft.
+
+    A spinner shows on a terminal while each model loads; announce (default: on a terminal) prints the backend
+    each model runs on. quiet: neither, and no conversion progress either.
+    """
+    from ..models.loading import load_model, resolve_device
+
+    check_model_options(opts)
+    quiet_transformers()
+    announce = (err.is_terminal if announce is None else announce) and not quiet
+    status = err.status if not quiet and err.is_terminal else _no_status
+    shared = dict(dtype=opts.dtype, trust_remote_code=opts.trust_remote_code, progress=not quiet,
+                  backend=opts.backend, threads=opts.threads)
+    start = time.perf_counter()
+    with status(f"loading target {opts.target}"):
+        target = load_model(opts.target, device=opts.device, device_map=opts.device_map,
+                            quantize=_none(opts.quantize), prepack=opts.prepack, **shared)
+    if announce:
+        _announce("target", opts.target, target, time.perf_counter() - start)
+    draft = None
+    if opts.draft_is_lookup:
+        from ..drafters import PromptLookupDrafter
+
+        draft = PromptLookupDrafter()
+        if announce:
+            err.print("draft: prompt lookup (copies n-grams of the context, no model)", markup=False)
+    elif opts.has_draft:
+        device = resolve_device(opts.device) if opts.device_map is None else None
+        quant = opts.draft_quantize
+        if quant == "auto":
+            quant = "int8" if device is not None and device.type == "cpu" else None
+        start = time.perf_counter()
+        with status(f"loading draft {opts.draft}"):
+            draft = load_model(opts.draft, device=opts.device if opts.device_map is None else "auto",
+                               quantize=_none(quant), **shared)
+        if announce:
+            _announce("draft", opts.draft, draft, time.perf_counter() - start)
+    return target, draft
+
+
+def backend_name(loaded) -> str:
+    """The backend a loaded model runs on (transformers unless the loader says otherwise)."""
+    return getattr(loaded, "backend", None) or "transformers"
+
+
+def _announce(role: str, name: str, loaded, seconds: float) -> None:
+    err.print(f"{role}: {name} on the {backend_name(loaded)} backend (loaded in {seconds:.1f} s)", markup=False,
+              soft_wrap=True)
+
+
+def _none(value):
+    return None if value in (None, "none") else value
+
+
+@contextlib.contextmanager
+def _no_status(_message):
+    yield
+
+
+def make_generator(target, draft, k: Speculation, method: str):
+    """The speculative generator, or the plain one when there is no draft."""
+    from ..engine import AutoregressiveGenerator, SpeculativeGenerator
+
+    if draft is None:
+        return AutoregressiveGenerator(target)
+    return SpeculativeGenerator(target, draft, num_speculative_tokens=k, method=method)
+
+
+def max_drafts(generator) -> int:
+    """The most drafts a step of this generator can propose (a fixed K, or the cap of "auto")."""
+    k = generator.num_speculative_tokens
+    return generator.max_speculative_tokens if k == AUTO else int(k)
+
+
+# ---------------------------------------------------------------------------------------------- prompts
 def read_prompts(prompt: Optional[str], prompts_file: Optional[str]) -> list[str]:
-    """The prompts of a command: the argument ('-' reads stdin), or a file with one prompt per line (blank lines
-    skipped) or a .jsonl file of {"prompt": ...} objects ('-' reads stdin). Raises CLIError when none is usable."""
-    import json
+    """The prompts of a command: the argument ('-' reads stdin), or a prompt file (the rules of
+    bench.prompts.parse_prompts; '-' reads stdin). Raises CLIError or ValueError when none is usable."""
+    from ..bench.prompts import load_file, parse_prompts
 
     if (prompt is None) == (prompts_file is None):
         raise CLIError("give either a PROMPT argument or --prompts-file, not both" if prompt is not None
@@ -220,50 +231,18 @@ def read_prompts(prompt: Optional[str], prompts_file: Optional[str]) -> list[str
         if not text.strip():
             raise CLIError("the prompt is empty: give some text for the model to continue")
         return [text]
-    if prompts_file == "-":
-        content, name = sys.stdin.read(), "stdin"
-    else:
-        path = os.path.expanduser(prompts_file)
-        if not os.path.exists(path) or os.path.isdir(path):
-            raise CLIError(f"--prompts-file {prompts_file}: no such file")
-        try:
-            with open(path, encoding="utf-8") as f:
-                content, name = f.read(), prompts_file
-        except (OSError, UnicodeDecodeError) as e:
-            raise CLIError(f"--prompts-file {prompts_file}: cannot read it ({e})") from None
-    prompts = []
-    jsonl = name.endswith(".jsonl")
-    for n, line in enumerate(content.splitlines(), 1):
-        if not line.strip():
-            continue
-        if jsonl:
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                raise CLIError(f"{name} line {n}: not valid JSON ({e})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-                raise CLIError(f'{name} line {n}: expected an object with a string "prompt" field')
-            line = record["prompt"]
-            if not line.strip():
-                raise CLIError(f"{name} line {n}: the prompt is empty")
-        prompts.append(line)
-    if not prompts:
-        raise CLIError(f"{name} holds no prompts (one per line, or .jsonl with {{\"prompt\": ...}})")
-    return prompts
+    items = parse_prompts(sys.stdin.read(), "stdin") if prompts_file == "-" else load_file(prompts_file)
+    return [p.text for p in items]
 
 
-def encode_chat(tokenizer, prompt: str) -> list[int]:
-    """Token ids of a single-turn chat with the tokenizer's template, ready for the assistant's answer.
+def chat_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of a single-turn chat (--chat), through the tokenizer's template."""
+    from ..chat import NoChatTemplateError, encode_chat
 
-    The template text already holds any BOS token, so it is encoded with add_special_tokens=False (no double BOS).
-    """
-    if tokenizer is None:
-        raise CLIError("--chat needs a tokenizer, and the target has none")
-    if not getattr(tokenizer, "chat_template", None):
-        raise CLIError("the target's tokenizer has no chat template: leave out --chat")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                         tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    try:
+        return encode_chat(tokenizer, text)
+    except NoChatTemplateError as e:
+        raise CLIError(f"--chat: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------- presentation
@@ -271,6 +250,10 @@ def encode_chat(tokenizer, prompt: str) -> list[int]:
 PROVENANCE_STYLES = {"accepted": "green", "resampled": "yellow", "bonus": "cyan", "target": "magenta"}
 PROVENANCE_HELP = {"accepted": "draft token the target kept", "resampled": "target's correction of a rejected draft",
                    "bonus": "target's extra token after all drafts were kept", "target": "target alone"}
+
+
+def use_color() -> bool:
+    return sys.stdout.isatty() and "NO_COLOR" not in os.environ
 
 
 def legend():
@@ -284,32 +267,18 @@ def legend():
     return text
 
 
-def quiet_transformers() -> None:
-    """Silence transformers' own tqdm bars ("Loading weights"): the CLI shows its own status on stderr."""
-    from transformers.utils import logging as hf_logging
+def _k_row(stats) -> str:
+    if getattr(stats, "policy", "fixed") == "auto":
+        plain = getattr(stats, "plain_steps", 0)
+        return (f"auto: {getattr(stats, 'mean_k', 0.0):.2f} on average, at most {stats.num_speculative_tokens}"
+                + (f" ({plain} plain steps)" if plain else ""))
+    return f"{stats.num_speculative_tokens}"
 
-    hf_logging.disable_progress_bar()
 
-
-def sum_stats(all_stats: list):
-    """Stats of several generate() calls (batches) added together; times are summed too."""
-    import dataclasses
-
-    from ..results import Stats
-
-    total = Stats()
-    for s in all_stats:
-        for f in dataclasses.fields(Stats):
-            a, b = getattr(total, f.name), getattr(s, f.name)
-            if f.name == "num_speculative_tokens":
-                setattr(total, f.name, max(a, b))
-            elif isinstance(a, list):
-                width = max(len(a), len(b))
-                setattr(total, f.name, [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0)
-                                        for i in range(width)])
-            else:
-                setattr(total, f.name, a + b)
-    return total
+def _per_position(stats) -> str:
+    """Acceptance of draft 1, 2, ... over the steps that proposed it (positions never proposed are left out)."""
+    pairs = zip(stats.accepted_per_position, stats.proposed_per_position)
+    return " ".join(f"{a / p:.0%}" for a, p in pairs if p) or "–"
 
 
 def stats_table(stats, title: str = "statistics", provenance: Optional[list] = None):
@@ -322,10 +291,10 @@ def stats_table(stats, title: str = "statistics", provenance: Optional[list] = N
     speculative = stats.num_speculative_tokens > 0
     rows = [("new tokens", f"{stats.new_tokens}"), ("prompts", f"{stats.num_rows}")]
     if speculative:
-        rows += [("draft tokens per step (k)", f"{stats.num_speculative_tokens}"),
+        rows += [("draft tokens per step (k)", _k_row(stats)),
                  ("acceptance rate", f"{stats.acceptance_rate:.1%}  ({stats.accepted_tokens}/{stats.proposed_tokens})"),
                  ("mean accepted length", f"{stats.mean_accepted_length:.2f} tokens per target call"),
-                 ("per-position acceptance", " ".join(f"{a:.0%}" for a in stats.per_position_acceptance))]
+                 ("per-position acceptance", _per_position(stats))]
     rows += [("target forward calls", f"{stats.target_forward_calls}"),
              ("draft forward calls", f"{stats.draft_forward_calls}")]
     if provenance:

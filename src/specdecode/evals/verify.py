@@ -33,7 +33,6 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..backends.hf import HFBackend
 from ..sampling import SamplingParams, logits_to_probs
 from ..bench import stats as st
 
@@ -77,18 +76,19 @@ def _keep(probs: np.ndarray, scale: float, limit: int = 256) -> np.ndarray:
 
 
 @torch.inference_mode()
-def exact_distribution(model, vocab_size: int, prompt_ids: list[int], params: SamplingParams, positions: int,
+def exact_distribution(backend, prompt_ids: list[int], params: SamplingParams, positions: int,
                        n_samples: int, min_expected: float = 5.0, max_nodes: int = 512, batch_size: int = 32,
                        progress: Callable[[str], None] | None = None) -> ExactDistribution:
     """Expand the prefix tree of the target's warped distribution, breadth first.
 
-    A prefix is expanded (the target is run on it) when its expected count among n_samples is at least
-    min_expected: rarer prefixes would land in pooled cells anyway. At most max_nodes prefixes are expanded.
+    backend: the target behind the ModelBackend interface (a generator's `.target`); only reset and forward are
+    used, so any backend can be checked. A prefix is expanded (the target is run on it) when its expected count
+    among n_samples is at least min_expected: rarer prefixes would land in pooled cells anyway. At most max_nodes
+    prefixes are expanded.
     """
     if positions < 1:
         raise ValueError("positions must be >= 1")
-    backend = HFBackend(model, vocab_size)
-    device = backend.device
+    device, vocab_size = backend.device, backend.vocab_size
     joint: dict[tuple[int, ...], float] = {}
     marginals: list[dict[int, float]] = []
     expanded: list[set[tuple[int, ...]]] = []
@@ -106,7 +106,7 @@ def exact_distribution(model, vocab_size: int, prompt_ids: list[int], params: Sa
             ids = torch.tensor([list(prompt_ids) + list(prefix) for prefix, _ in batch], dtype=torch.long,
                                device=device)
             backend.reset(len(batch))
-            logits = backend.forward(ids, last_only=True)[:, -1]
+            logits = backend.forward(ids, last_only=True)[:, -1].float()
             rows += len(batch)
             if params.greedy:
                 cond = torch.zeros_like(logits, dtype=torch.float64)
@@ -145,6 +145,7 @@ class SampleSet:
     provenance: dict[str, int] = field(default_factory=dict)  # token counts by provenance
     proposed_tokens: int = 0
     accepted_tokens: int = 0
+    max_drafts_per_step: int = 0  # the largest K a step used, as the engine counted it
 
     @property
     def acceptance_rate(self) -> float:
@@ -154,15 +155,17 @@ class SampleSet:
 def sample_speculative(generator, prompt_ids: list[int], params: SamplingParams, positions: int, n: int,
                        batch_size: int = 100, seed: int = 0,
                        progress: Callable[[int], None] | None = None) -> SampleSet:
-    """n sequences of `positions` tokens from the generator, in batches of identical prompts, one seed per batch."""
+    """n sequences of `positions` tokens from the generator, in batches of identical prompts.
+
+    The engine seeds row j of a call with seed + j: a call starting at sample i passes seed + i, so every sample
+    has a seed of its own.
+    """
     out = SampleSet([])
-    call = 0
     while len(out.sequences) < n:
         rows = min(batch_size, n - len(out.sequences))
         result = generator.generate([list(prompt_ids)] * rows, max_new_tokens=positions,
                                     temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                                    seed=seed + call, ignore_eos=True)
-        call += 1
+                                    seed=seed + len(out.sequences), ignore_eos=True)
         for tokens, kinds in zip(result.token_ids, result.provenance):
             if len(tokens) != positions:
                 raise RuntimeError(f"the generator returned {len(tokens)} tokens instead of {positions}")
@@ -171,6 +174,7 @@ def sample_speculative(generator, prompt_ids: list[int], params: SamplingParams,
                 out.provenance[kind] = out.provenance.get(kind, 0) + 1
         out.proposed_tokens += result.stats.proposed_tokens
         out.accepted_tokens += result.stats.accepted_tokens
+        out.max_drafts_per_step = max(out.max_drafts_per_step, max(result.stats.k_histogram, default=0))
         if progress is not None:
             progress(rows)
     return out
@@ -231,14 +235,14 @@ def verify_pair(generator, prompts: list[list[int]], params: SamplingParams, pos
                 max_nodes: int = 512, progress: Callable[[str, int], None] | None = None) -> dict:
     """The whole check on a generator (SpeculativeGenerator): exact distributions, samples, tests, verdict.
 
-    progress(label, advance) is called as samples are drawn (advance = rows) and after each exact level (0).
+    The exact reference runs on the generator's own target backend (generator.target), so it is the model the
+    samples come from, whatever its backend. progress(label, advance) is called as samples are drawn (advance =
+    rows) and after each exact level (0).
     """
-    backend = generator.target
-    model, vocab = backend.model, backend.vocab_size
     num_tests = len(prompts) * (positions + 1)
     results = []
     for i, prompt in enumerate(prompts):
-        exact = exact_distribution(model, vocab, prompt, params, positions, samples, max_nodes=max_nodes,
+        exact = exact_distribution(generator.target, prompt, params, positions, samples, max_nodes=max_nodes,
                                    progress=(lambda label: progress(f"prompt {i + 1}: {label}", 0))
                                    if progress else None)
         drawn = sample_speculative(generator, prompt, params, positions, samples, batch_size, seed + 7919 * i,
@@ -247,9 +251,10 @@ def verify_pair(generator, prompts: list[list[int]], params: SamplingParams, pos
         report = check_samples(exact, drawn.sequences, alpha, num_tests)
         report.update(prompt_index=i, prompt_tokens=len(prompt), exact_forward_rows=exact.forward_rows,
                       provenance=drawn.provenance, proposed_tokens=drawn.proposed_tokens,
-                      accepted_tokens=drawn.accepted_tokens, acceptance_rate=drawn.acceptance_rate)
+                      accepted_tokens=drawn.accepted_tokens, acceptance_rate=drawn.acceptance_rate,
+                      max_drafts_per_step=drawn.max_drafts_per_step)
         results.append(report)
-    drafts_per_step = max(0, min(getattr(generator, "num_speculative_tokens", 0), positions - 2))
+    drafts_per_step = max(r["max_drafts_per_step"] for r in results)
     exercised = sum(r["proposed_tokens"] for r in results) > 0
     return {
         "schema": "specdecode.verify/1",
@@ -257,7 +262,7 @@ def verify_pair(generator, prompts: list[list[int]], params: SamplingParams, pos
         "alpha": alpha, "num_tests": num_tests, "level_per_test": alpha / num_tests,
         "samples_per_prompt": samples, "positions": positions,
         "sampling": {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p},
-        "k": getattr(generator, "num_speculative_tokens", None), "max_drafts_per_step_exercised": drafts_per_step,
+        "k": generator.num_speculative_tokens, "max_drafts_per_step_exercised": drafts_per_step,
         "speculative_path_exercised": exercised,
         "prompts": results,
     }

@@ -12,8 +12,8 @@ Two transformations, both working on any Hugging Face causal LM built from ``tor
   only changes the acceptance rate, never the target's output distribution). int8 weights, int8
   dynamic activations (fbgemm / x86 kernels, weights prepacked).
 
-Measurements (Qwen2.5-Coder 0.5B draft / 1.5B target, fp32, 2-vCPU shared VM, medians; see the
-report in /tmp/perf for the scripts) are quoted in each docstring.
+Measurements (Qwen2.5-Coder 0.5B draft / 1.5B target, fp32, 2-vCPU shared VM, medians) are quoted in
+each docstring; docs/BENCHMARKS.md has the commands that reproduce the end-to-end numbers.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ Built-in sets (JSON lines, one {"id", "prompt"} object per line, shipped as pack
 - prose: explanations, emails, stories (drafts are accepted less often),
 - edit:  code-editing tasks whose answer repeats most of the input (the best case for speculation).
 
-A user file may be .jsonl (objects with a "prompt" key, or JSON strings), or plain text: prompts separated by
-lines holding only `---`, or, when there is no such line, one prompt per non-empty line.
+A user file (for bench, and for `generate --prompts-file`: one reader, parse_prompts) may be .jsonl (objects
+with a "prompt" key, or JSON strings), or plain text: prompts separated by lines holding only `---`, or, when
+there is no such line, one prompt per non-empty line.
 """
 
 from __future__ import annotations
@@ -33,33 +34,48 @@ def load_builtin(name: str) -> list[Prompt]:
     if name not in BUILTIN_SETS:
         raise ValueError(f"unknown prompt set {name!r}: use one of {', '.join(BUILTIN_SETS)}, or a file path")
     text = resources.files(__package__).joinpath(f"{name}.jsonl").read_text(encoding="utf-8")
-    return _parse_jsonl(text, name)
+    return parse_prompts(text, name, jsonl=True)
 
 
 def load_file(path: str | Path) -> list[Prompt]:
+    """The prompts of a file, by the rules of parse_prompts (.jsonl by its suffix)."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"prompt file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".jsonl":
-        prompts = _parse_jsonl(text, path.stem)
+        raise FileNotFoundError(f"prompt file {path}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"prompt file {path}: cannot read it ({e})") from None
+    return parse_prompts(text, str(path), jsonl=path.suffix == ".jsonl")
+
+
+def parse_prompts(text: str, name: str, jsonl: bool = False) -> list[Prompt]:
+    """The one reader of prompt files (and of stdin): errors name `name` and the line.
+
+    JSON lines: each non-blank line a JSON string or an object with a string "prompt" (and an optional "id").
+    Text: prompts separated by lines holding only `---`, or, when there is no such line, one prompt per non-blank
+    line (kept as it is).
+    """
+    stem = Path(name).stem
+    if jsonl:
+        prompts = _parse_jsonl(text, name, stem)
     else:
         lines = text.splitlines()
         if any(line.strip() == "---" for line in lines):
-            chunks, current = [], []
-            for line in lines:
+            blocks, current = [], []
+            for line in lines + ["---"]:
                 if line.strip() == "---":
-                    chunks.append("\n".join(current))
+                    blocks.append("\n".join(current).strip("\n"))
                     current = []
                 else:
                     current.append(line)
-            chunks.append("\n".join(current))
-            texts = [c.strip("\n") for c in chunks if c.strip()]
+            texts = [b for b in blocks if b.strip()]
         else:
             texts = [line for line in lines if line.strip()]
-        prompts = [Prompt(f"{path.stem}-{i}", t) for i, t in enumerate(texts)]
+        prompts = [Prompt(f"{stem}-{i}", t) for i, t in enumerate(texts)]
     if not prompts:
-        raise ValueError(f"prompt file {path} holds no prompts")
+        raise ValueError(f"{name} holds no prompts (one per line, blocks separated by '---' lines, or .jsonl of "
+                         f"{{\"prompt\": ...}})")
     return prompts
 
 
@@ -72,7 +88,7 @@ def load_prompts(spec: str) -> list[Prompt]:
     raise ValueError(f"--prompts {spec!r} is neither a built-in set ({', '.join(BUILTIN_SETS)}) nor an existing file")
 
 
-def _parse_jsonl(text: str, stem: str) -> list[Prompt]:
+def _parse_jsonl(text: str, name: str, stem: str) -> list[Prompt]:
     prompts = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -80,11 +96,15 @@ def _parse_jsonl(text: str, stem: str) -> list[Prompt]:
         try:
             item = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{stem}: line {lineno} is not valid JSON ({e.msg})") from None
-        if isinstance(item, str):
-            prompts.append(Prompt(f"{stem}-{len(prompts)}", item))
-        elif isinstance(item, dict) and isinstance(item.get("prompt"), str):
-            prompts.append(Prompt(str(item.get("id", f"{stem}-{len(prompts)}")), item["prompt"]))
+            raise ValueError(f"{name} line {lineno}: not valid JSON ({e.msg})") from None
+        if isinstance(item, dict) and isinstance(item.get("prompt"), str):
+            prompt = Prompt(str(item.get("id", f"{stem}-{len(prompts)}")), item["prompt"])
+        elif isinstance(item, str):
+            prompt = Prompt(f"{stem}-{len(prompts)}", item)
         else:
-            raise ValueError(f"{stem}: line {lineno} must be a JSON string or an object with a \"prompt\" string")
-    return [p for p in prompts if p.text.strip()]
+            raise ValueError(f'{name} line {lineno}: expected an object with a string "prompt" field, or a JSON '
+                             f'string')
+        if not prompt.text.strip():
+            raise ValueError(f"{name} line {lineno}: the prompt is empty")
+        prompts.append(prompt)
+    return prompts
