@@ -348,7 +348,6 @@ BAD = [
     ("stop-empty", C, {"prompt": "a", "stop": ""}, 400, "stop"),
     ("stop-number", C, {"prompt": "a", "stop": [1]}, 400, "stop"),
     ("stop-too-many", C, {"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-    ("k-zero-with-draft", C, {"prompt": "a", "num_speculative_tokens": 0}, 400, "num_speculative_tokens"),
     ("k-absurd", C, {"prompt": "a", "num_speculative_tokens": 10**6}, 400, "num_speculative_tokens"),
     ("n-two", C, {"prompt": "a", "n": 2}, 400, "n"),
     ("logprobs", C, {"prompt": "a", "logprobs": 5}, 400, "logprobs"),

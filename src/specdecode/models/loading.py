@@ -1,18 +1,27 @@
 """Loading a model and its tokenizer, offline: a built-in name, a local HF directory, a .gguf file, or a hub id
 already in the local Hugging Face cache. Nothing is ever downloaded, no pickled weights and no remote code are
-loaded unless asked for."""
+loaded unless asked for.
+
+Three backends: transformers (any of the above, on CPU or GPU), static (a transformers model on a preallocated KV
+cache, with CUDA graphs on a GPU; Llama/Mistral/Qwen2/Qwen3/Gemma) and llama.cpp (GGUF models on the CPU, through
+llama-cpp-python: the GGUF runs as it is, quantized, on llama.cpp's kernels). `backend="auto"` picks llama.cpp for
+a GGUF model on the CPU when llama-cpp-python is installed.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 QUANTIZE = ("int8", "int4")
+BACKENDS = ("auto", "transformers", "static", "llamacpp")
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -25,12 +34,17 @@ class DeviceUnavailableError(RuntimeError):
 
 @dataclass
 class LoadedModel:
-    """A causal LM with its tokenizer; the generators accept it wherever they accept a model."""
+    """A causal LM with its tokenizer; the generators accept it wherever they accept a model.
 
-    model: torch.nn.Module
+    model: a transformers model (backend "transformers"), a StaticBackend (backend "static") or a LlamaCppBackend
+    (backend "llamacpp").
+    """
+
+    model: Any
     tokenizer: object | None
     name: str
     path: str
+    backend: str = "transformers"
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -83,7 +97,8 @@ def _locate(name_or_path: str, progress: bool) -> tuple[str, dict]:
 
 def load_model(name_or_path, device: str = "cpu", dtype="auto", trust_remote_code: bool = False,
                device_map: str | None = None, quantize: str | None = None, prepack: bool = False,
-               progress: bool = True) -> LoadedModel:
+               progress: bool = True, backend: str = "auto", threads: int | None = None,
+               backend_options: dict | None = None) -> LoadedModel:
     """Load a causal LM and its tokenizer offline.
 
     name_or_path: a built-in name (see `specdecode models list`), a local HF directory, a .gguf file, or a hub
@@ -93,11 +108,36 @@ def load_model(name_or_path, device: str = "cpu", dtype="auto", trust_remote_cod
     oneDNN's blocked layout, which makes a forward of a few tokens (speculative verification) cost about one
     decode step; the same function up to fp32 rounding (see models/optimize.py). Ignored off the CPU, for
     quantized models, and for non-fp32 models.
+
+    backend: "transformers", "static" (the transformers model on StaticBackend: preallocated KV cache, CUDA
+    graphs on a GPU), "llamacpp" (a GGUF model, built-in or a .gguf file, on llama.cpp's CPU kernels;
+    needs llama-cpp-python; dtype, quantize and prepack do not apply: the GGUF runs as it is quantized), or
+    "auto": llamacpp for a GGUF model on the CPU when llama-cpp-python is installed, transformers otherwise.
+    The result's `backend` field says which. threads: CPU threads (llama.cpp's, or torch's for transformers;
+    default: llama.cpp uses every core, torch keeps its setting). backend_options: keyword arguments for the
+    backend (llamacpp: n_ctx, max_rows, max_tokens_per_forward, flash_attn, use_mmap, repack; see
+    LlamaCppBackend; static: max_batch, max_len, compile, cuda_graphs; see StaticBackend).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
     if isinstance(name_or_path, PreTrainedModel):
+        if backend == "llamacpp":
+            raise ValueError("the llama.cpp backend loads GGUF files, not a transformers model object: pass the "
+                             "model's name or .gguf path")
+        if backend == "static":
+            return _static(LoadedModel(name_or_path, None, type(name_or_path).__name__, ""), backend_options)
         return LoadedModel(name_or_path, None, type(name_or_path).__name__, "")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    if _choose_backend(str(name_or_path), backend, device, device_map) == "llamacpp":
+        return _load_llamacpp(str(name_or_path), threads, progress, backend_options)
+    if backend_options and backend != "static":
+        raise ValueError(f"backend_options are for the llama.cpp and static backends; transformers takes none (got "
+                         f"{sorted(backend_options)})")
+    if threads is not None:
+        torch.set_num_threads(threads)
     if quantize not in (None, *QUANTIZE):
         raise ValueError(f"unknown quantization {quantize!r}: use int8 or int4")
     target_device = resolve_device(device) if device_map is None else None
@@ -138,7 +178,75 @@ def load_model(name_or_path, device: str = "cpu", dtype="auto", trust_remote_cod
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **tokenizer_kwargs)
     except (OSError, ValueError):
         tokenizer = None  # token ids in, token ids out
-    return LoadedModel(model, tokenizer, str(name_or_path), source)
+    loaded = LoadedModel(model, tokenizer, str(name_or_path), source)
+    return _static(loaded, backend_options) if backend == "static" else loaded
+
+
+def _static(loaded: LoadedModel, options: dict | None) -> LoadedModel:
+    """The loaded transformers model on a StaticBackend, its logits cut to the tokenizer's vocabulary."""
+    from ..backends.static import StaticBackend
+
+    vocab = len(loaded.tokenizer) if loaded.tokenizer is not None else None
+    backend = StaticBackend(loaded.model, vocab_size=vocab, **(options or {}))
+    return LoadedModel(backend, loaded.tokenizer, loaded.name, loaded.path, backend="static")
+
+
+def _is_gguf(name_or_path: str) -> bool:
+    """A .gguf file, or a built-in name (every built-in model is a GGUF) that is not also a local path."""
+    from . import registry
+
+    path = Path(os.path.expanduser(name_or_path))
+    if path.exists():
+        return path.is_file() and path.suffix == ".gguf"
+    if not registry.is_registered(name_or_path):
+        return False
+    # a built-in whose packages are gone but whose converted directory is cached stays on transformers
+    return registry.get_model_info(name_or_path).installed or registry.gguf_cache_path(name_or_path).exists()
+
+
+def _choose_backend(name_or_path: str, backend: str, device, device_map) -> str:
+    if backend in ("transformers", "static"):
+        return backend
+    on_cpu = device_map is None and resolve_device(device).type == "cpu"
+    if backend == "auto":
+        usable = _is_gguf(name_or_path) and on_cpu and importlib.util.find_spec("llama_cpp") is not None
+        return "llamacpp" if usable else "transformers"
+    if not _is_gguf(name_or_path):
+        _locate(name_or_path, progress=False)  # a clear ModelNotFoundError when it is nothing at all
+        raise ValueError(f"the llama.cpp backend runs GGUF models: {name_or_path!r} is neither a .gguf file nor a "
+                         f"built-in model; use backend transformers")
+    if not on_cpu:
+        raise ValueError(f"the llama.cpp backend runs on the CPU, and device {device!r}"
+                         f"{'' if device_map is None else f' / device_map {device_map!r}'} was asked for: use device "
+                         f"cpu, or backend transformers for a GPU")
+    if importlib.util.find_spec("llama_cpp") is None:
+        from ..backends.llamacpp import INSTALL_HINT
+
+        raise ImportError(INSTALL_HINT)
+    return "llamacpp"
+
+
+def _load_llamacpp(name_or_path: str, threads: int | None, progress: bool, options: dict | None) -> LoadedModel:
+    from transformers import AutoTokenizer
+
+    from ..backends.llamacpp import LlamaCppBackend
+    from . import registry
+
+    path = Path(os.path.expanduser(name_or_path))
+    if path.is_file():
+        gguf, tokenizer_dir = path, registry.gguf_tokenizer_dir(path)
+    else:
+        gguf, tokenizer_dir = registry.prepare_gguf(name_or_path, progress=progress)
+    options = dict(options or {})
+    if threads is not None:
+        options["n_threads"] = threads
+    model = LlamaCppBackend(gguf, name=name_or_path, **options)
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir)) if tokenizer_dir is not None else None
+    if tokenizer is not None and len(tokenizer) < model.n_vocab:
+        # An embedding padded past the tokenizer: logits of ids that no text can produce are dropped, as the
+        # generators do for transformers models.
+        model.vocab_size = len(tokenizer)
+    return LoadedModel(model, tokenizer, name_or_path, str(gguf), backend="llamacpp")
 
 
 def _bitsandbytes_config(quantize: str):

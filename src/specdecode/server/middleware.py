@@ -19,14 +19,17 @@ QUIET_PATHS = {"/health", "/metrics"}  # polled by load balancers and Prometheus
 
 
 class AuthMiddleware:
-    """With an API key, every path but /health needs `Authorization: Bearer KEY`."""
+    """With an API key, every path but /health and the playground page needs `Authorization: Bearer KEY`."""
 
     def __init__(self, app, api_key: str):
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+        path = scope.get("path", "")
+        # The playground page itself is public (a browser cannot send the bearer header to open it); its API
+        # calls carry the key like any client's.
+        if scope["type"] != "http" or path in PUBLIC_PATHS or path == "/" or path.startswith("/static/"):
             return await self.app(scope, receive, send)
         given = dict(scope["headers"]).get(b"authorization", b"")
         if not secrets.compare_digest(given, self.expected):

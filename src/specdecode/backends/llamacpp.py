@@ -1,0 +1,376 @@
+"""A GGUF model on llama.cpp's CPU kernels (through llama-cpp-python) behind the backend interface.
+
+llama.cpp only computes logits and keeps the KV cache; sampling, drafting and verification stay ours, so the
+output is exactly the target's distribution as llama.cpp computes it. Rows of a batch are llama.cpp sequences,
+each with a KV stream of its own; rejected drafts are forgotten with llama_memory_seq_rm. A fork (rows that
+prefill beside the running batch) takes free sequence ids of the same context, so merging it moves nothing.
+
+Two facts about llama.cpp's numbers shape this module (measured on an AMD EPYC Zen 4 with AVX-512, with the
+llama.cpp of llama-cpp-python 0.3.36; tests/test_llamacpp.py checks them):
+- Without flash attention, a token evaluated in a forward of 2 or more tokens gets different logits (up to ~1 on
+  SmolLM2-135M) from the same token decoded alone. With flash attention (on by default here, as in llama.cpp's
+  own tools; llama-cpp-python's Llama defaults to off) forwards of up to 3 tokens are bit for bit token-by-token
+  decoding; from 4 tokens on, weights repacked for x86 (Q4_0, Q4_K, IQ4_NL, ...) go through a matrix kernel that
+  differs by up to ~0.5. Either way the output is exactly the target's distribution as llama.cpp computes it for
+  that forward, but greedy output can then differ from llama.cpp's own. The exact mode, max_tokens_per_forward=3,
+  splits every verification (a forward that returns all positions) into forwards of at most 3 tokens, one row at
+  a time, which reproduces llama.cpp's token-by-token decoding bit for bit, at the price of more, smaller forwards.
+- Prompts (forwards that only want the last position) go through llama.cpp's batched prefill, n_batch tokens at
+  a time with the logits of the last token only, as llama-cpp-python's own generation does, so that both start
+  from the same cache.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import weakref
+from pathlib import Path
+
+import numpy as np
+import torch
+
+INSTALL_HINT = ('the llama.cpp backend needs llama-cpp-python: pip install -e ".[llamacpp]" '
+                '(builds from source: needs cmake and a C++ compiler, ~10 min)')
+EXACT_TOKENS_PER_FORWARD = 3  # below the 4 tokens at which llama.cpp switches to its repacked matrix kernel
+_BACKEND_READY = False
+
+
+def _llama_cpp():
+    """The llama_cpp module, imported on first use; a one-line ImportError naming the fix if it is missing."""
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ImportError(INSTALL_HINT) from None
+    return llama_cpp
+
+
+def _quiet(verbose: bool):
+    """Silence llama.cpp's loading chatter unless verbose, as llama-cpp-python's Llama does: its log level, and
+    stdout/stderr redirected while loading (some messages bypass the level)."""
+    from llama_cpp._logger import set_verbose
+    from llama_cpp._utils import suppress_stdout_stderr
+
+    set_verbose(verbose)
+    return suppress_stdout_stderr(disable=verbose)
+
+
+class _Batch:
+    """A llama_batch whose arrays are numpy buffers, filled with vectorised writes and reused across calls.
+
+    llama_batch_init would allocate one seq_id array per token (a pointer each), which can only be written in a
+    Python loop; here every token's seq_id pointer points into one int32 array instead.
+    """
+
+    def __init__(self, lib, capacity: int):
+        self.token = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.n_seq_id = np.ones(capacity, dtype=np.int32)
+        self.seq = np.zeros(capacity, dtype=np.int32)
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        int_p = ctypes.POINTER(ctypes.c_int32)
+        self._seq_ptrs = (int_p * capacity)(*[ctypes.cast(self.seq.ctypes.data + 4 * i, int_p)
+                                              for i in range(capacity)])
+        self.struct = lib.llama_batch(
+            n_tokens=0, token=self.token.ctypes.data_as(int_p), embd=None, pos=self.pos.ctypes.data_as(int_p),
+            n_seq_id=self.n_seq_id.ctypes.data_as(int_p), seq_id=ctypes.cast(self._seq_ptrs, ctypes.POINTER(int_p)),
+            logits=self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)))
+
+    def fill(self, tokens: np.ndarray, pos: np.ndarray, seq: np.ndarray, outputs: np.ndarray) -> None:
+        n = len(tokens)
+        self.token[:n], self.pos[:n], self.seq[:n], self.logits[:n] = tokens, pos, seq, outputs
+        self.struct.n_tokens = n
+
+
+class _Context:
+    """What a backend and its forks share: llama.cpp's model and context, the batch buffers, the sequence ids."""
+
+    def __init__(self, lib, model, ctx, n_ctx: int, llama=None):
+        self.lib, self.model, self.ctx, self.llama = lib, model, ctx, llama
+        self.memory = lib.llama_get_memory(ctx)
+        self.n_batch = lib.llama_n_batch(ctx)
+        self.n_seq = lib.llama_n_seq_max(ctx)
+        # llama.cpp rounds each row's KV stream up to a multiple of 256 cells; the trained context still bounds it
+        self.max_positions = min(lib.llama_n_ctx_seq(ctx), n_ctx)
+        self.batch = _Batch(lib, self.n_batch)
+        self.owners: dict[int, weakref.ref] = {}  # sequence id -> the backend (main or fork) whose row it is
+        if llama is None:
+            weakref.finalize(self, _free, lib, ctx, model)
+
+    def acquire(self, owner, n: int) -> list[int]:
+        free = [s for s in range(self.n_seq) if s not in self.owners or self.owners[s]() is None]
+        if len(free) < n:
+            raise ValueError(
+                f"this llama.cpp backend has max_rows={self.n_seq} (rows at a time, as llama.cpp sequences) and "
+                f"{self.n_seq - len(free)} are in use, so {n} more do not fit: build it with max_rows >= "
+                f"{self.n_seq - len(free) + n} (load_model(..., backend_options={{'max_rows': N}})) or pass fewer "
+                f"prompts")
+        for s in free[:n]:
+            if s in self.owners:  # left behind by a fork that was dropped unmerged
+                self.lib.llama_memory_seq_rm(self.memory, s, -1, -1)
+            self.owners[s] = weakref.ref(owner)
+        return free[:n]
+
+    def release(self, seqs: list[int]) -> None:
+        for s in seqs:
+            self.lib.llama_memory_seq_rm(self.memory, s, -1, -1)
+            self.owners.pop(s, None)
+
+    def decode(self, tokens, pos, seq, outputs) -> None:
+        self.batch.fill(tokens, pos, seq, outputs)
+        if self.llama is not None:  # a Llama whose context this is would reuse "its" cached prompt, now ours
+            self.llama.n_tokens = 0
+            self.llama._requires_eval = True
+        code = self.lib.llama_decode(self.ctx, self.batch.struct)
+        if code == 1:
+            raise RuntimeError(f"llama.cpp found no room in its KV cache for {len(tokens)} tokens: build the backend "
+                               f"with a larger n_ctx")
+        if code != 0:
+            raise RuntimeError(f"llama_decode failed with code {code} on {len(tokens)} tokens")
+
+    def outputs(self, getter, n: int, width: int) -> np.ndarray:
+        """A numpy view of llama.cpp's output buffer: n rows, in the order of the batch's flagged tokens."""
+        pointer = ctypes.cast(getter(self.ctx), ctypes.POINTER(ctypes.c_float))
+        return np.ctypeslib.as_array(pointer, shape=(n, width))
+
+
+class LlamaCppBackend:
+    """A GGUF model run by llama.cpp; float32 logits as torch tensors on the CPU.
+
+    model: a .gguf path, or a llama_cpp.Llama (its context is used as it is: its n_ctx, threads, flash attention
+    and n_seq_max; its own prompt cache is invalidated whenever this backend runs). n_ctx: context length per
+    row (capped at the model's). max_rows: rows at a time, forks included (llama.cpp sequences, at most 256).
+    n_threads: defaults to the cores this process may use. max_tokens_per_forward: split every verification
+    into forwards of at most this many tokens, one row at a time; 3 (EXACT_TOKENS_PER_FORWARD) makes every logit
+    equal llama.cpp's token-by-token decoding; None = unsplit (fewer, larger forwards). flash_attn: llama.cpp's
+    flash attention (the exact mode needs it). use_mmap: map the file instead of reading it; off by default
+    because on x86 llama.cpp repacks most quantized weights into buffers of its own anyway, and the mapping then
+    keeps a second, file-backed copy resident (the Qwen 1.5B + 0.5B pair: 2.5 GiB peak RSS mapped, 1.9 GiB
+    read). vocab_size: width of the returned logits (the vocabulary shared with the other model), at most the
+    model's n_vocab.
+    """
+
+    def __init__(self, model, *, n_ctx: int = 4096, max_rows: int = 1, n_threads: int | None = None,
+                 n_threads_batch: int | None = None, n_batch: int = 512,
+                 max_tokens_per_forward: int | None = None, flash_attn: bool = True, use_mmap: bool = False,
+                 repack: bool = True,
+                 vocab_size: int | None = None, name: str | None = None, verbose: bool = False):
+        lib = _llama_cpp()
+        if max_tokens_per_forward is not None and (isinstance(max_tokens_per_forward, bool)
+                                                   or not isinstance(max_tokens_per_forward, int)
+                                                   or max_tokens_per_forward < 1):
+            raise ValueError(f"max_tokens_per_forward must be an integer >= 1 or None, got {max_tokens_per_forward!r}")
+        if isinstance(model, (str, os.PathLike)):
+            self._shared = _open(lib, Path(model), n_ctx, max_rows, n_threads, n_threads_batch, n_batch,
+                                 flash_attn, use_mmap, repack, verbose)
+            self.name = name or Path(model).name
+        elif isinstance(model, lib.Llama):
+            self._shared = _Context(lib, model.model, model.ctx, lib.llama_n_ctx_seq(model.ctx), llama=model)
+            self.name = name or Path(model.model_path).name
+        else:
+            raise TypeError(f"LlamaCppBackend takes a .gguf path or a llama_cpp.Llama, not {type(model).__name__}")
+        vocab = lib.llama_model_get_vocab(self._shared.model)
+        self.n_vocab = lib.llama_vocab_n_tokens(vocab)
+        if vocab_size is not None and not 1 <= vocab_size <= self.n_vocab:
+            raise ValueError(f"vocab_size={vocab_size} but the model has {self.n_vocab} tokens")
+        self.vocab_size = vocab_size or self.n_vocab
+        self.n_embd = lib.llama_model_n_embd(self._shared.model)
+        self.device = torch.device("cpu")
+        self.max_positions = self._shared.max_positions
+        self.max_rows = self._shared.n_seq
+        self.max_tokens_per_forward = max_tokens_per_forward
+        self.eos_token_ids = _end_of_generation_ids(lib, vocab, self.n_vocab)
+        self._seqs: list[int] = []
+        self._lengths: list[int] = []
+        self.reset(1)
+
+    # ------------------------------------------------------------------ the backend interface
+    @property
+    def lengths(self) -> list[int]:
+        return list(self._lengths)
+
+    def reset(self, batch_size: int) -> None:
+        self._shared.release(self._seqs)
+        self._seqs, self._lengths = [], []
+        self._seqs = self._shared.acquire(self, batch_size)
+        self._lengths = [0] * batch_size
+
+    def fork(self, batch_size: int) -> "LlamaCppBackend":
+        """batch_size new, empty rows in the same llama.cpp context (free sequence ids), for merge()."""
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other._seqs, other._lengths = [], []
+        other.reset(batch_size)
+        return other
+
+    def merge(self, other: "LlamaCppBackend") -> None:
+        if other._shared is not self._shared:
+            raise ValueError("only a fork of this backend can be merged into it")
+        for s in other._seqs:
+            self._shared.owners[s] = weakref.ref(self)
+        self._seqs += other._seqs
+        self._lengths += other._lengths
+        other._seqs, other._lengths = [], []
+
+    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, last_only: bool = False,
+                output_hidden: bool = False):
+        rows_n, width = input_ids.shape
+        if rows_n != len(self._lengths):
+            raise ValueError(f"forward got {rows_n} rows but the cache holds {len(self._lengths)}: call "
+                             f"reset(batch) first")
+        rows, tokens, pos, outputs, dest = self._layout(input_ids, valid, last_only)
+        out_width = 1 if last_only else width
+        logits = torch.empty(rows_n, out_width, self.vocab_size, dtype=torch.float32)
+        hidden = torch.empty(rows_n, out_width, self.n_embd, dtype=torch.float32) if output_hidden else None
+        flat_logits = logits.numpy().reshape(-1, self.vocab_size)  # views: llama.cpp's rows are copied straight in
+        flat_hidden = hidden.numpy().reshape(-1, self.n_embd) if output_hidden else None
+        if outputs.sum() < len(flat_logits):  # padding positions get zeros (llama.cpp never sees them)
+            unused = np.setdiff1d(np.arange(len(flat_logits)), dest[outputs])
+            flat_logits[unused] = 0
+            if output_hidden:
+                flat_hidden[unused] = 0
+        shared, lib = self._shared, self._shared.lib
+        seq = np.asarray(self._seqs, dtype=np.int32)[rows]
+        if output_hidden:
+            lib.llama_set_embeddings(shared.ctx, True)
+        try:
+            for part in self._chunks(rows, last_only):
+                shared.decode(tokens[part], pos[part], seq[part], outputs[part])
+                for b, n in zip(*np.unique(rows[part], return_counts=True)):
+                    self._lengths[b] += int(n)
+                where = dest[part][outputs[part]]
+                if len(where):
+                    flat_logits[where] = shared.outputs(lib.llama_get_logits, len(where), self.n_vocab)[
+                        :, : self.vocab_size]
+                    if output_hidden:
+                        flat_hidden[where] = shared.outputs(lib.llama_get_embeddings, len(where), self.n_embd)
+        finally:
+            if output_hidden:
+                lib.llama_set_embeddings(shared.ctx, False)
+        return (logits, hidden) if output_hidden else logits
+
+    def trim(self, lengths: list[int]) -> None:
+        lengths = list(lengths)
+        if len(lengths) != len(self._lengths):
+            raise ValueError(f"trim got {len(lengths)} lengths for {len(self._lengths)} rows")
+        for b, (keep, have) in enumerate(zip(lengths, self._lengths)):
+            if not 0 <= keep <= have:
+                raise ValueError(f"row {b} holds {have} tokens and cannot keep {keep}")
+            if keep < have and not self._shared.lib.llama_memory_seq_rm(self._shared.memory, self._seqs[b], keep, -1):
+                raise RuntimeError(f"llama.cpp cannot remove tokens from this model's memory (a recurrent "
+                                   f"model?): {self.name} cannot be used for speculative decoding")
+        self._lengths = lengths
+
+    def select_rows(self, rows: list[int]) -> None:
+        rows = list(rows)
+        if rows == list(range(len(self._seqs))):
+            return
+        kept = {self._seqs[r] for r in rows}
+        self._shared.release([s for s in self._seqs if s not in kept])
+        self._seqs = [self._seqs[r] for r in rows]
+        self._lengths = [self._lengths[r] for r in rows]
+
+    def close(self) -> None:
+        """Forget this backend's rows; llama.cpp's model and context are freed with the last backend using them
+        (a Llama passed in is left to its owner)."""
+        self._shared.release(self._seqs)
+        self._seqs, self._lengths = [], []
+
+    # ------------------------------------------------------------------ helpers
+    def _layout(self, input_ids: torch.Tensor, valid: torch.Tensor | None, last_only: bool):
+        """The real tokens in row-major order: (row, token, position, wants logits, index into the flat output)."""
+        ids = input_ids.detach().to("cpu", torch.int32).numpy()
+        rows_n, width = ids.shape
+        if valid is None:
+            rows, cols = np.repeat(np.arange(rows_n), width), np.tile(np.arange(width), rows_n)
+            rank, counts = cols, np.full(rows_n, width)
+        else:
+            mask = valid.detach().to("cpu", torch.bool).numpy()
+            rows, cols = np.nonzero(mask)
+            rank, counts = (np.cumsum(mask, axis=1) - 1)[rows, cols], mask.sum(axis=1)
+        lengths = np.asarray(self._lengths, dtype=np.int64)
+        if (lengths + counts > self.max_positions).any():
+            b = int(np.argmax(lengths + counts > self.max_positions))
+            raise ValueError(f"row {b} would hold {int(lengths[b] + counts[b])} tokens, more than the llama.cpp "
+                             f"context of {self.max_positions}: build the backend with a larger n_ctx")
+        tokens = ids[rows, cols]
+        if len(tokens) and (tokens.min() < 0 or tokens.max() >= self.n_vocab):
+            raise ValueError(f"token ids outside the model's vocabulary [0, {self.n_vocab})")
+        pos = (lengths[rows] + rank).astype(np.int32)
+        if last_only:  # each row's last real token, into [B, 1, V]
+            return rows, tokens, pos, rank == counts[rows] - 1, rows
+        return rows, tokens, pos, np.ones(len(tokens), dtype=bool), rows * width + cols
+
+    def _chunks(self, rows: np.ndarray, last_only: bool) -> list[slice]:
+        """The llama_decode calls, as slices of the row-major tokens: n_batch tokens at a time; in the exact mode
+        one row at a time, and a verification (all positions wanted) by max_tokens_per_forward tokens."""
+        n_batch = self._shared.n_batch
+        if self.max_tokens_per_forward is None:
+            return [slice(s, s + n_batch) for s in range(0, len(rows), n_batch)]
+        step = n_batch if last_only else min(n_batch, self.max_tokens_per_forward)
+        starts = np.flatnonzero(np.diff(rows, prepend=-1))
+        return [slice(s, min(s + step, end)) for start, end in zip(starts, [*starts[1:], len(rows)])
+                for s in range(start, end, step)]
+
+    def __repr__(self) -> str:
+        mode = "exact" if self.max_tokens_per_forward == EXACT_TOKENS_PER_FORWARD else (
+            f"max {self.max_tokens_per_forward} tokens/forward" if self.max_tokens_per_forward else "unsplit")
+        return (f"LlamaCppBackend({self.name!r}, vocab {self.vocab_size}, n_ctx {self.max_positions}, "
+                f"rows <= {self.max_rows}, {mode})")
+
+
+def _open(lib, path: Path, n_ctx, max_rows, n_threads, n_threads_batch, n_batch, flash_attn, use_mmap, repack,
+          verbose) -> _Context:
+    global _BACKEND_READY
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file {path} not found")
+    if not 1 <= max_rows <= lib.llama_max_parallel_sequences():
+        raise ValueError(f"max_rows must be between 1 and {lib.llama_max_parallel_sequences()} (llama.cpp's limit "
+                         f"on sequences), got {max_rows}")
+    with _quiet(verbose):
+        if not _BACKEND_READY:
+            lib.llama_backend_init()
+            _BACKEND_READY = True
+        model_params = lib.llama_model_default_params()
+        model_params.n_gpu_layers = 0
+        model_params.load_mode = lib.LLAMA_LOAD_MODE_MMAP if use_mmap else lib.LLAMA_LOAD_MODE_NONE
+        model_params.use_extra_bufts = repack  # llama.cpp's repacked CPU kernels ("--no-repack" turns them off)
+        model = lib.llama_model_load_from_file(str(path).encode(), model_params)
+        if not model:
+            raise ValueError(f"llama.cpp could not load {path}: not a GGUF model it supports (verbose=True shows why)")
+        trained = lib.llama_model_n_ctx_train(model)
+        n_ctx = min(n_ctx, trained) if trained > 0 else n_ctx
+        threads = n_threads or _cores()
+        params = lib.llama_context_default_params()
+        # Each row gets its own KV stream of n_ctx cells (kv_unified off splits n_ctx over the sequences).
+        params.n_ctx = n_ctx * max_rows
+        params.n_seq_max = max_rows
+        params.kv_unified = False
+        params.n_batch = min(n_ctx * max_rows, n_batch)
+        params.n_ubatch = min(params.n_batch, 512)
+        params.n_threads = threads
+        params.n_threads_batch = n_threads_batch or threads
+        params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        ctx = lib.llama_init_from_model(model, params)
+    if not ctx:
+        lib.llama_model_free(model)
+        raise RuntimeError(f"llama.cpp could not create a context of {n_ctx} tokens x {max_rows} rows for {path} "
+                           f"(out of memory?): lower n_ctx or max_rows")
+    return _Context(lib, model, ctx, n_ctx)
+
+
+def _end_of_generation_ids(lib, vocab, n_vocab: int) -> set[int]:
+    # llama.cpp's own generation stops at every end-of-generation token it knows (the GGUF's eos and eot, and
+    # tokens such as <|im_end|> or <|endoftext|> it recognises), not only at eos; the API only answers per token,
+    # so this asks once per token at load time (~0.1 s for 152k tokens).
+    ids = {t for t in (lib.llama_vocab_eos(vocab), lib.llama_vocab_eot(vocab)) if t >= 0}
+    return ids | {t for t in range(n_vocab) if lib.llama_vocab_is_eog(vocab, t)}
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _free(lib, ctx, model) -> None:
+    lib.llama_free(ctx)
+    lib.llama_model_free(model)
