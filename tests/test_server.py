@@ -464,7 +464,7 @@ def test_metrics_count_requests_and_tokens(server):
         metric(before, "specdecode_requests_total", endpoint=C_, status="400") + 1
     assert metric(after, "specdecode_generated_tokens_total") >= metric(before, "specdecode_generated_tokens_total") + 6
     assert metric(after, "specdecode_prompt_tokens_total") > metric(before, "specdecode_prompt_tokens_total")
-    assert metric(after, "specdecode_batches_total") >= metric(before, "specdecode_batches_total") + 1
+    assert metric(after, "specdecode_engine_steps_total") >= metric(before, "specdecode_engine_steps_total") + 1
     assert metric(after, "specdecode_draft_proposed_tokens_total") > 0
     assert 0.0 <= metric(after, "specdecode_acceptance_rate") <= 1.0
     assert metric(after, "specdecode_mean_accepted_length") >= 1.0
@@ -526,7 +526,7 @@ def test_request_timeout_cancels_and_answers_504(tiny_pair, tokenizer):
 # ---------------------------------------------------------------------------------------------- disconnects
 def test_disconnect_mid_stream_frees_the_slot(tiny_pair, tokenizer, engine):
     # A long stream and a short request share a batch; the stream's client goes away after a few chunks.
-    with serve_slow(tiny_pair, tokenizer, delay=0.02, batch_window_s=0.5, max_tokens_limit=400) as srv:
+    with serve_slow(tiny_pair, tokenizer, delay=0.02, max_tokens_limit=400) as srv:
         short_result = {}
 
         def short_request():

@@ -1,14 +1,40 @@
-"""The batcher and worker without HTTP: batching rules, cancellation, shutdown."""
+"""The engine loop without HTTP: continuous batching over one session, cancellation, shutdown, engine failures."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from specdecode.server.batcher import Batcher, Cancelled, Done, Failed, Job, QueueFull, ShuttingDown, Started, Token
 from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixture)
-from test_server_helpers import SlowGenerator, make_generator
+from test_server_helpers import make_generator
+
+
+class SlowSessions:
+    """Wraps a generator so that each engine step takes at least `delay` seconds and EOS never ends a row early:
+    long, predictable generations for the cancellation and shutdown tests."""
+
+    def __init__(self, generator, delay: float):
+        self._generator, self.delay = generator, delay
+
+    def __getattr__(self, name):
+        return getattr(self._generator, name)
+
+    def request(self, *args, **kwargs):
+        return self._generator.request(*args, **{**kwargs, "ignore_eos": True})
+
+    def session(self, **kwargs):
+        session = self._generator.session(**kwargs)
+        step = session.step
+
+        def slow_step():
+            time.sleep(self.delay)
+            return step()
+
+        session.step = slow_step
+        return session
 
 
 def _ids(tokenizer, text):
@@ -24,40 +50,45 @@ async def _drain(job: Job, timeout: float = 30.0) -> list:
             return items
 
 
-def test_compatible_jobs_share_a_batch_and_get_their_own_rows(tiny_pair, tokenizer):
+def test_any_mix_of_settings_shares_the_batch_and_equals_solo(tiny_pair, tokenizer):
     engine = make_generator(tiny_pair, tokenizer)
-    batcher = Batcher(make_generator(tiny_pair, tokenizer), max_batch_size=4, batch_window_s=0.05)
-    prompts = ["def quicksort", "The quick brown fox", "import numpy", "Once upon a time", "class Model"]
+    batcher = Batcher(make_generator(tiny_pair, tokenizer), max_batch_size=4, prefill_tokens_per_step=8)
+    specs = [("def quicksort", dict(temperature=0.0)), ("The quick brown fox", dict(temperature=0.7, seed=5)),
+             ("import numpy", dict(temperature=0.0, stop=("\n",))), ("Once upon a time", dict(temperature=0.9,
+             top_k=20, seed=11)), ("class Model", dict(temperature=0.0, num_speculative_tokens=2)),
+             ("a b c", dict(temperature=0.6, top_p=0.8, seed=3))]
 
     async def run():
-        jobs = [Job(prompts=[_ids(tokenizer, p)], max_tokens=[3 + i], temperature=0.0) for i, p in enumerate(prompts)]
-        seeded = Job(prompts=[_ids(tokenizer, "a b c")], max_tokens=[4], temperature=0.7, seed=5)
-        other_key = Job(prompts=[_ids(tokenizer, "x y")], max_tokens=[4], temperature=0.0, stop=("\n",))
-        for job in jobs + [seeded, other_key]:
+        jobs = [Job(prompts=[_ids(tokenizer, p)], max_tokens=[4 + 2 * i], **kw) for i, (p, kw) in enumerate(specs)]
+        two = Job(prompts=[_ids(tokenizer, "x y"), _ids(tokenizer, "for i in")], max_tokens=[6, 6], temperature=0.8,
+                  seed=40)
+        for job in jobs + [two]:
             batcher.submit(job)
         batcher.start()
-        return [await _drain(j) for j in jobs + [seeded, other_key]]
+        return [await _drain(j) for j in jobs + [two]]
 
     try:
         results = asyncio.run(run())
     finally:
         batcher.stop(5)
     dones = [items[-1] for items in results]
-    assert all(isinstance(d, Done) for d in dones)
-    assert [d.batch_size for d in dones[:5]] == [4, 4, 4, 4, 1]  # FIFO, at most max_batch_size prompts
-    assert dones[5].batch_size == 1 and dones[6].batch_size == 1  # a seed, different stop strings: alone
-    for i, (prompt, done) in enumerate(zip(prompts, dones)):
-        assert done.texts[0] == engine.generate(prompt, max_new_tokens=3 + i, temperature=0).texts[0]
-        tokens = [it.event.token_id for it in results[i] if isinstance(it, Token)]
-        assert tokens == done.token_ids[0]
+    assert all(isinstance(d, Done) for d in dones), dones
+    assert max(d.batch_size for d in dones) > 1  # different settings shared the batch
+    assert max(d.batch_size for d in dones) <= 4
+    for i, ((prompt, kw), done) in enumerate(zip(specs, dones)):
+        kw = {("stop" if k == "stop" else k): (list(v) if k == "stop" else v) for k, v in kw.items()}
+        solo = engine.generate(prompt, max_new_tokens=4 + 2 * i, **kw)
+        assert done.texts[0] == solo.texts[0], (prompt, kw)
         assert isinstance(results[i][0], Started)
-    assert dones[5].texts[0] == engine.generate("a b c", max_new_tokens=4, temperature=0.7, seed=5).texts[0]
+        assert [it.event.token_id for it in results[i] if isinstance(it, Token)] == done.token_ids[0]
+        assert done.stats.new_tokens == len(done.token_ids[0])
+    solo_two = engine.generate(["x y", "for i in"], max_new_tokens=6, temperature=0.8, seed=40)
+    assert dones[-1].texts == solo_two.texts  # prompt i of a seeded request is seeded S + i, as generate does
 
 
-def test_greedy_ignores_top_k_and_top_p_when_grouping():
+def test_greedy_ignores_top_k_and_top_p():
     a = Job(prompts=[[1]], max_tokens=[1], temperature=0.0, top_k=5, top_p=0.5)
-    b = Job(prompts=[[1]], max_tokens=[1], temperature=1e-9)
-    assert a.key == b.key and a.temperature == 0.0
+    assert (a.temperature, a.top_k, a.top_p) == (0.0, 0, 1.0)
 
 
 def test_queue_limit_and_prompt_limit(tiny_pair, tokenizer):
@@ -75,30 +106,59 @@ def test_queue_limit_and_prompt_limit(tiny_pair, tokenizer):
     batcher.stop(1)
 
 
-def test_cancel_queued_and_running_jobs(tiny_pair, tokenizer):
-    batcher = Batcher(SlowGenerator(make_generator(tiny_pair, tokenizer), 0.02), max_batch_size=1)
+def test_a_job_joins_the_running_batch_and_cancelled_rows_leave_within_a_step(tiny_pair, tokenizer):
+    batcher = Batcher(SlowSessions(make_generator(tiny_pair, tokenizer), 0.01), max_batch_size=2)
 
     async def run():
-        running = Job(prompts=[_ids(tokenizer, "a")], max_tokens=[200])
+        long = Job(prompts=[_ids(tokenizer, "a")], max_tokens=[300])
         queued = Job(prompts=[_ids(tokenizer, "b")], max_tokens=[5])
-        batcher.submit(running)
-        batcher.submit(queued)
+        third = Job(prompts=[_ids(tokenizer, "c")], max_tokens=[5])
+        batcher.submit(long)
         batcher.start()
-        assert isinstance(await asyncio.wait_for(running.queue.get(), 10), Started)
-        batcher.cancel(queued, "disconnect")
-        assert batcher.queue_depth == 0
-        batcher.cancel(running, "disconnect")
-        items = await _drain(running, 10)
+        assert isinstance(await asyncio.wait_for(long.queue.get(), 10), Started)
+        await asyncio.wait_for(long.queue.get(), 10)  # a token: the long job is decoding
+        batcher.submit(queued)  # joins at the next step, while the long job runs
+        items = await _drain(queued, 10)
+        assert isinstance(items[-1], Done) and items[-1].batch_size == 2
+        assert long.state == "running"
+        batcher.cancel(long, "disconnect")
+        batcher.submit(third)
+        items = await _drain(long, 10)
         assert isinstance(items[-1], Failed) and isinstance(items[-1].error, Cancelled)
-        assert sum(isinstance(i, Token) for i in items) < 50  # stopped long before its 200 tokens
+        session = batcher.session
+        # freed at the next step (the session may go idle right after: wait for the state, not for steps)
+        assert await asyncio.to_thread(
+            lambda: _until(lambda: all(session.rows[r].finish_reason == "cancelled" for r in long.rows)))
+        assert isinstance((await _drain(third, 10))[-1], Done)
+        assert sum(isinstance(i, Token) for i in items) < 100  # stopped long before its 300 tokens
 
     asyncio.run(run())
     batcher.stop(5)
     assert not batcher.alive
 
 
-def test_stop_fails_queued_work_and_cancels_the_running_batch_after_the_grace(tiny_pair, tokenizer):
-    batcher = Batcher(SlowGenerator(make_generator(tiny_pair, tokenizer), 0.02), max_batch_size=1)
+def test_cancel_queued_job_leaves_the_queue_at_once(tiny_pair, tokenizer):
+    batcher = Batcher(SlowSessions(make_generator(tiny_pair, tokenizer), 0.01), max_batch_size=1)
+
+    async def run():
+        running = Job(prompts=[_ids(tokenizer, "a")], max_tokens=[100])
+        queued = Job(prompts=[_ids(tokenizer, "b")], max_tokens=[5])
+        batcher.submit(running)
+        batcher.submit(queued)
+        batcher.start()
+        assert isinstance(await asyncio.wait_for(running.queue.get(), 10), Started)
+        assert batcher.queue_depth == 1
+        batcher.cancel(queued, "disconnect")
+        assert batcher.queue_depth == 0 and queued.state == "finished"
+        batcher.cancel(running, "timeout")
+        assert isinstance((await _drain(running, 10))[-1], Failed)
+
+    asyncio.run(run())
+    batcher.stop(5)
+
+
+def test_stop_fails_queued_work_and_cancels_the_running_rows_after_the_grace(tiny_pair, tokenizer):
+    batcher = Batcher(SlowSessions(make_generator(tiny_pair, tokenizer), 0.02), max_batch_size=1)
 
     async def run():
         running = Job(prompts=[_ids(tokenizer, "a")], max_tokens=[300])
@@ -117,3 +177,51 @@ def test_stop_fails_queued_work_and_cancels_the_running_batch_after_the_grace(ti
         assert isinstance(running_items[-1], Failed) and isinstance(running_items[-1].error, Cancelled)
 
     asyncio.run(run())
+
+
+def test_an_engine_failure_fails_the_running_jobs_and_the_loop_goes_on(tiny_pair, tokenizer):
+    generator = make_generator(tiny_pair, tokenizer)
+    broken = {"left": 1}
+
+    class FailingOnce:
+        def __getattr__(self, name):
+            return getattr(generator, name)
+
+        def session(self, **kwargs):
+            session = generator.session(**kwargs)
+            step = session.step
+
+            def failing_step():
+                if broken["left"]:
+                    broken["left"] -= 1
+                    raise RuntimeError("boom")
+                return step()
+
+            session.step = failing_step
+            return session
+
+    batcher = Batcher(FailingOnce(), max_batch_size=2)
+
+    async def run():
+        first = Job(prompts=[_ids(tokenizer, "a")], max_tokens=[3], temperature=0)
+        batcher.submit(first)
+        batcher.start()
+        items = await _drain(first)
+        assert isinstance(items[-1], Failed) and "boom" in str(items[-1].error)
+        second = Job(prompts=[_ids(tokenizer, "a")], max_tokens=[3], temperature=0)
+        batcher.submit(second)
+        return (await _drain(second))[-1]
+
+    done = asyncio.run(run())
+    batcher.stop(5)
+    assert isinstance(done, Done)
+    assert done.texts[0] == generator.generate("a", max_new_tokens=3, temperature=0).texts[0]
+
+
+def _until(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return predicate()

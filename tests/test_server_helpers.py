@@ -126,30 +126,19 @@ class SlowGenerator:
     def __getattr__(self, name):
         return getattr(self._generator, name)
 
-    def stream(self, *args, **kwargs):
-        kwargs["ignore_eos"] = True
-        return _SlowStream(self._generator.stream(*args, **kwargs), self.delay)
+    def request(self, *args, **kwargs):
+        return self._generator.request(*args, **{**kwargs, "ignore_eos": True})
 
+    def session(self, **kwargs):
+        session = self._generator.session(**kwargs)
+        step = session.step
 
-class _SlowStream:
-    def __init__(self, stream, delay: float):
-        self._stream = stream
-        self._delay = delay
+        def slow_step():
+            time.sleep(self.delay)
+            return step()
 
-    def __iter__(self):
-        for event in self._stream:
-            time.sleep(self._delay)
-            yield event
-
-    @property
-    def result(self):
-        return self._stream.result
-
-    def cancel(self, row: int) -> None:
-        self._stream.cancel(row)
-
-    def close(self) -> None:
-        self._stream.close()
+        session.step = slow_step
+        return session
 
 
 def serve_slow(tiny_pair, tokenizer, delay: float, **settings) -> LiveServer:

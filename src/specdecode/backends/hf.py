@@ -120,9 +120,16 @@ class HFBackend:
             self.cache, self.mask, self._lengths, self._slots = other.cache, other.mask, list(other._lengths), other._slots
             return
         width = max(self._slots, other._slots)
-        for mine, theirs in zip(self.cache.layers, other.cache.layers):
-            mine.keys = torch.cat([_left_pad(mine.keys, width), _left_pad(theirs.keys, width)])
-            mine.values = torch.cat([_left_pad(mine.values, width), _left_pad(theirs.values, width)])
+        if width:
+            if not self._slots:  # rows with nothing cached yet (a lazily prefilled draft): all slots are holes
+                self.cache = other.cache.__class__()
+                self.cache.layers = [_empty_like(layer, len(self._lengths)) for layer in other.cache.layers]
+            mine_layers = self.cache.layers
+            theirs_layers = other.cache.layers if other._slots else [
+                _empty_like(layer, len(other._lengths)) for layer in mine_layers]
+            for mine, theirs in zip(mine_layers, theirs_layers):
+                mine.keys = torch.cat([_left_pad(mine.keys, width), _left_pad(theirs.keys, width)])
+                mine.values = torch.cat([_left_pad(mine.values, width), _left_pad(theirs.values, width)])
         self.mask = torch.cat([_left_pad_mask(self.mask, len(self._lengths), self._slots, width, self.device),
                                _left_pad_mask(other.mask, len(other._lengths), other._slots, width, self.device)])
         self._lengths += other._lengths
@@ -180,6 +187,14 @@ def _eos_ids(model) -> set[int]:
         if value is not None:
             ids.update([value] if isinstance(value, int) else value)
     return ids
+
+
+def _empty_like(layer, batch: int):
+    """A copy of a cache layer for `batch` rows with no slots (to be left-padded with holes)."""
+    empty = copy.copy(layer)
+    empty.keys = layer.keys.new_zeros(batch, layer.keys.shape[1], 0, layer.keys.shape[3])
+    empty.values = layer.values.new_zeros(batch, layer.values.shape[1], 0, layer.values.shape[3])
+    return empty
 
 
 def _left_pad(kv: torch.Tensor, slots: int) -> torch.Tensor:

@@ -8,7 +8,17 @@ Methods (all decode the same target, one prompt at a time, the same number of ne
 - hf-assisted:      transformers assisted generation with the SAME draft object and the same K, constant schedule
                     and the confidence-threshold early stop disabled, so it drafts exactly K tokens per step; for
                     K = "auto", transformers' own dynamic setting (its defaults: up to 20 drafts, stopped early
-                    when the draft's confidence falls under an adaptive threshold).
+                    when the draft's confidence falls under an adaptive threshold),
+- llamacpp-plain:   llama-cpp-python's own generation loop on the target's GGUF file, same threads,
+- llamacpp-prompt-lookup: the same with llama-cpp-python's LlamaPromptLookupDecoding drafting K tokens (K = auto:
+                    its own default, 10),
+- llama-speculative (one method per --llama-draft-max N, named llama-speculative-dmaxN): llama.cpp's
+                    llama-speculative binary on the target and draft GGUF files (see bench/llamacpp_peers.py).
+The llama.cpp methods need a GGUF target (a built-in model or a .gguf file), whatever backend ours run on.
+
+Batches (--batch-size N): every generate() call gets N rows (consecutive prompts, the set cycled to fill the last
+batch); ours and hf-plain decode them together (tokens/s summed over rows), llama.cpp's methods one after another,
+and transformers' assisted generation, which takes one row, is left out.
 
 Our methods go through the engine and the ModelBackend interface only (the step costs too), so they run on any
 backend; transformers' methods need transformers models and are left out (with a note) for other backends.
@@ -24,10 +34,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 import platform
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -36,11 +48,14 @@ from ..chat import encode_chat, has_chat_template
 from ..engine import AutoregressiveGenerator, SpeculativeGenerator
 from ..results import Stats
 from . import stats as st
+from .llamacpp_peers import LOOKUP_DEFAULT_TOKENS, LlamaCppPeers, SpeculativeBinary
 from .stats import merge_stats
 
-METHODS = ("specdecode-plain", "specdecode", "hf-plain", "hf-assisted")
-SPECULATIVE = ("specdecode", "hf-assisted")
-PLAIN_OF = {"specdecode": "specdecode-plain", "hf-assisted": "hf-plain"}
+METHODS = ("specdecode-plain", "specdecode", "hf-plain", "hf-assisted", "llamacpp-plain", "llamacpp-prompt-lookup",
+           "llama-speculative")
+SPECULATIVE = ("specdecode", "hf-assisted", "llamacpp-prompt-lookup")  # timed once per K
+LLAMACPP = ("llamacpp-plain", "llamacpp-prompt-lookup", "llama-speculative")
+PLAIN_OF = {"specdecode": "specdecode-plain", "hf-assisted": "hf-plain", "llamacpp-prompt-lookup": "llamacpp-plain"}
 SCHEMA = "specdecode.bench/1"
 AUTO = "auto"
 
@@ -58,6 +73,8 @@ class BenchSettings:
     seed: int = 0
     method: str = "leviathan"  # our rejection sampler
     cost_repeats: int = 3
+    batch_size: int = 1  # rows per generate() call
+    llama_draft_max: list[int] = field(default_factory=lambda: [2, 3, 4, 8])  # llama-speculative --draft-max values
 
     def check(self) -> None:
         if not self.ks or any(k != AUTO and (isinstance(k, bool) or not isinstance(k, int) or k < 1)
@@ -71,6 +88,11 @@ class BenchSettings:
             raise ValueError("--runs must be >= 1")
         if self.warmup < 0:
             raise ValueError("--warmup must be >= 0")
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if not self.llama_draft_max or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
+                                           for n in self.llama_draft_max):
+            raise ValueError(f"--llama-draft-max values must be integers >= 1, got {self.llama_draft_max}")
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
             raise ValueError(f"unknown method(s) {unknown}: choose among {', '.join(METHODS)}")
@@ -78,7 +100,10 @@ class BenchSettings:
 
 @dataclass
 class Record:
-    """One run of one method over all prompts."""
+    """One run of one method over all prompts.
+
+    per_prompt_tokens: new tokens of each row; per_prompt_seconds: wall time of each generate() call (one per
+    prompt, or per batch under --batch-size)."""
 
     tokens: int
     seconds: float
@@ -87,6 +112,7 @@ class Record:
     stats: Stats | None = None  # ours: merged over the prompts
     target_calls: int = 0  # hf-assisted: forward calls counted with hooks
     draft_calls: int = 0
+    extra: dict = field(default_factory=dict)  # llama-speculative: what it printed
 
     @property
     def tokens_per_second(self) -> float:
@@ -114,6 +140,15 @@ def encode_prompts(tokenizer, texts: list[str], chat: bool) -> list[list[int]]:
             raise ValueError("a prompt encodes to no tokens")
         encoded.append(list(ids))
     return encoded
+
+
+def make_batches(prompt_ids: list[list[int]], batch_size: int) -> list[list[list[int]]]:
+    """Consecutive prompts in batches of batch_size rows; the set is cycled to fill the last batch, so every
+    generate() call has the same number of rows."""
+    batches = []
+    for start in range(0, len(prompt_ids), batch_size):
+        batches.append([prompt_ids[(start + j) % len(prompt_ids)] for j in range(batch_size)])
+    return batches
 
 
 def int_ks(ks) -> list[int]:
@@ -257,8 +292,20 @@ def transformers_model(obj):
     return model if isinstance(model, PreTrainedModel) else None
 
 
-def run_hf(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float, top_k: int,
+def _left_padded(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of ragged rows, padded on the left as transformers' generate() wants."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, row in enumerate(rows):
+        ids[b, width - len(row):] = torch.tensor(row, dtype=torch.long)
+        mask[b, width - len(row):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def run_hf(model, tokenizer, batches: list[list[list[int]]], max_new_tokens: int, temperature: float, top_k: int,
            top_p: float, seed: int, assistant=None, k: int | None = None, prompt_lookup: int | None = None) -> Record:
+    """transformers' generate() on each batch (rows left-padded; assisted generation takes one row)."""
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -266,9 +313,9 @@ def run_hf(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, t
     text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     per_tokens, per_seconds = [], []
     target_calls, draft_calls = [0], [0]
-    for i, ids in enumerate(prompt_ids):
-        input_ids = torch.tensor([ids], dtype=torch.long, device=device)
-        kwargs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "generation_config": config,
+    for i, rows in enumerate(batches):
+        input_ids, attention_mask = _left_padded(rows, config.pad_token_id, device)
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "generation_config": config,
                   "past_key_values": DynamicCache(config=text_config)}
         ctx = contextlib.ExitStack()
         if prompt_lookup is not None:
@@ -286,22 +333,89 @@ def run_hf(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, t
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             per_seconds.append(time.perf_counter() - t0)
-        per_tokens.append(int(output.shape[1] - input_ids.shape[1]))
+        new = output[:, input_ids.shape[1]:]
+        # rows are padded after an end of generation only when transformers stops early, which min_new_tokens
+        # forbids: every row's count is the width of the new part
+        per_tokens += [int(new.shape[1])] * len(rows)
     return Record(sum(per_tokens), sum(per_seconds), per_tokens, per_seconds, target_calls=target_calls[0],
                   draft_calls=draft_calls[0])
 
 
-def run_ours(generator, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float, top_k: int,
+def run_ours(generator, batches: list[list[list[int]]], max_new_tokens: int, temperature: float, top_k: int,
              top_p: float, seed: int) -> Record:
+    """Our generator on each batch (its rows decoded together)."""
     per_tokens, per_seconds, all_stats = [], [], []
-    for i, ids in enumerate(prompt_ids):
+    for i, rows in enumerate(batches):
         t0 = time.perf_counter()
-        result = generator.generate([ids], max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                                    top_p=top_p, seed=seed + i, ignore_eos=True)
+        result = generator.generate([list(r) for r in rows], max_new_tokens=max_new_tokens, temperature=temperature,
+                                    top_k=top_k, top_p=top_p, seed=seed + i, ignore_eos=True)
         per_seconds.append(time.perf_counter() - t0)
-        per_tokens.append(len(result.token_ids[0]))
+        per_tokens += [len(t) for t in result.token_ids]
         all_stats.append(result.stats)
     return Record(sum(per_tokens), sum(per_seconds), per_tokens, per_seconds, stats=merge_stats(all_stats))
+
+
+# ----------------------------------------------------------------------------------------------- llama.cpp
+@dataclass
+class LlamaPeerSetup:
+    """What llama.cpp's methods run on: the GGUF files of our target and draft (None when a model is not a GGUF),
+    the threads, and the llama-speculative binary (None: that method is not run)."""
+
+    target_gguf: str | None
+    draft_gguf: str | None = None
+    threads: int | None = None
+    speculative_binary: str | None = None
+
+
+def run_llamacpp(peers, batches: list[list[list[int]]], max_new_tokens: int, temperature: float, top_k: int,
+                 top_p: float, seed: int, lookup: int | None = None) -> Record:
+    """llama-cpp-python's own generation (LlamaCppPeers), every row one after another."""
+    per_tokens, per_seconds = [], []
+    for i, rows in enumerate(batches):
+        seconds = 0.0
+        for j, ids in enumerate(rows):
+            n, t = peers.generate(ids, max_new_tokens, temperature, top_k, top_p, seed + i * len(rows) + j, lookup)
+            per_tokens.append(n)
+            seconds += t
+        per_seconds.append(seconds)
+    return Record(sum(per_tokens), sum(per_seconds), per_tokens, per_seconds)
+
+
+def run_llama_speculative(binary, setup: LlamaPeerSetup, tokenizer, batches: list[list[list[int]]],
+                          max_new_tokens: int, temperature: float, top_k: int, top_p: float, seed: int,
+                          draft_max: int, n_ctx: int) -> Record:
+    """llama.cpp's llama-speculative binary on each row, one after another; the prompt is our token ids written
+    back as text (special tokens included), which it tokenizes itself."""
+    from .llamacpp_peers import write_prompt
+
+    per_tokens, per_seconds, runs = [], [], []
+    for i, rows in enumerate(batches):
+        seconds = 0.0
+        for j, ids in enumerate(rows):
+            prompt = write_prompt(tokenizer.decode(ids, skip_special_tokens=False))
+            try:
+                run, cmd = binary.run(Path(setup.target_gguf), Path(setup.draft_gguf), prompt, max_new_tokens,
+                                      draft_max, setup.threads, n_ctx, temperature, top_k, top_p,
+                                      seed + i * len(rows) + j)
+            finally:
+                os.unlink(prompt)
+            per_tokens.append(run.new_tokens)
+            seconds += run.seconds
+            runs.append(run)
+        per_seconds.append(seconds)
+    drafted = [r.n_drafted for r in runs if r.n_drafted is not None]
+    accepted = [r.n_accept for r in runs if r.n_accept is not None]
+    extra = {"command": cmd, "prompt_tokens": [r.prompt_tokens for r in runs],
+             "decode_tokens_per_second": [r.decode_tokens_per_second for r in runs],
+             "n_drafted": sum(drafted) if drafted else None, "n_accept": sum(accepted) if accepted else None}
+    return Record(sum(per_tokens), sum(per_seconds), per_tokens, per_seconds, extra=extra)
+
+
+def _llama_ctx(prompt_ids: list[list[int]], max_new_tokens: int, extra: int) -> int:
+    """A context that holds the longest prompt, the new tokens and a step of drafts, rounded up to 256: Llama with
+    a draft keeps the logits of every position (n_ctx x vocabulary floats), so it stays small."""
+    need = max(len(p) for p in prompt_ids) + max_new_tokens + extra + 16
+    return 256 * math.ceil(need / 256)
 
 
 # ----------------------------------------------------------------------------------------------- the benchmark
@@ -312,10 +426,16 @@ class Unit:
     method: str
     temperature: float
     k: int | str | None = None
+    draft_max: int | None = None  # llama-speculative's --draft-max
+
+    @property
+    def name(self) -> str:
+        """The method's name in the report: llama-speculative gets its draft-max (llama-speculative-dmax4)."""
+        return self.method + (f"-dmax{self.draft_max}" if self.draft_max is not None else "")
 
     @property
     def label(self) -> str:
-        return self.method + (f" K={self.k}" if self.k is not None else "") + f" T={self.temperature:g}"
+        return self.name + (f" K={self.k}" if self.k is not None else "") + f" T={self.temperature:g}"
 
 
 class Bench:
@@ -324,15 +444,20 @@ class Bench:
     ModelBackend; the draft may also be a Drafter)."""
 
     def __init__(self, target, draft, prompt_ids: list[list[int]], settings: BenchSettings,
-                 info: dict | None = None, peer_target=None, peer_draft=None):
+                 info: dict | None = None, peer_target=None, peer_draft=None, llama: LlamaPeerSetup | None = None):
         """peer_target / peer_draft: the models transformers' methods run on, when they differ from ours (a
-        transformers user loads plain fp32 models, without our prepacking or draft quantization)."""
+        transformers user loads plain fp32 models, without our prepacking or draft quantization). llama: the
+        GGUF files, threads and binary llama.cpp's methods run on (None: they are left out)."""
         settings.check()
         self.prompt_ids = prompt_ids
+        self.batches = make_batches(prompt_ids, settings.batch_size)
         self.settings = settings
         self.info = dict(info or {})
         self.hf_target = transformers_model(peer_target or target)
         self.hf_draft = transformers_model(peer_draft or draft) if draft is not None else None
+        self.llama_setup = llama
+        self.llama_ctx = _llama_ctx(prompt_ids, settings.max_new_tokens,
+                                    max(int_ks(settings.ks) + settings.llama_draft_max + [LOOKUP_DEFAULT_TOKENS]))
         self.skipped = self._unavailable(draft)
         methods = [m for m in settings.methods if m not in self.skipped]
         if not methods:
@@ -345,17 +470,40 @@ class Bench:
                      for k in settings.ks} if draft is not None else {}
         self.tokenizer = self.plain.tokenizer
         self.lookup = _is_lookup(draft)
+        self.llama_peers = None
+        if any(m in self.methods for m in ("llamacpp-plain", "llamacpp-prompt-lookup")):
+            self.llama_peers = LlamaCppPeers(Path(llama.target_gguf), llama.threads, self.llama_ctx)
+        self.llama_binary = SpeculativeBinary.find(llama.speculative_binary) \
+            if "llama-speculative" in self.methods else None
 
     def _unavailable(self, draft) -> dict[str, str]:
         """Methods that cannot run here, and why."""
+        import importlib.util
+
         skipped = {}
         if draft is None:
-            skipped.update({m: "no draft (--draft none)" for m in SPECULATIVE})
+            skipped.update({m: "no draft (--draft none)" for m in ("specdecode", "hf-assisted", "llama-speculative")})
         if self.hf_target is None:
             skipped.update({m: "transformers' generate() needs a transformers target" for m in ("hf-plain",
                                                                                                  "hf-assisted")})
         elif draft is not None and self.hf_draft is None and not _is_lookup(draft):
             skipped["hf-assisted"] = "transformers' assisted generation needs a transformers draft"
+        if self.settings.batch_size > 1:
+            skipped.setdefault("hf-assisted", "transformers' assisted generation takes one row at a time "
+                                              "(--batch-size 1)")
+        setup = self.llama_setup
+        if setup is None or setup.target_gguf is None:
+            skipped.update({m: "llama.cpp's methods need a GGUF target (a built-in model or a .gguf file)"
+                            for m in LLAMACPP})
+        elif importlib.util.find_spec("llama_cpp") is None:
+            from ..backends.llamacpp import INSTALL_HINT
+
+            skipped.update({m: INSTALL_HINT for m in ("llamacpp-plain", "llamacpp-prompt-lookup")})
+        if setup is not None and "llama-speculative" not in skipped:
+            if not setup.speculative_binary:
+                skipped["llama-speculative"] = "give the binary: --llama-speculative PATH"
+            elif setup.draft_gguf is None:
+                skipped["llama-speculative"] = "llama-speculative needs a GGUF draft (a built-in model or a .gguf file)"
         return skipped
 
     def _auto_max(self) -> int:
@@ -363,7 +511,9 @@ class Bench:
 
     # -- planning
     def units(self, temperature: float) -> list[Unit]:
-        units = [Unit(m, temperature) for m in self.methods if m not in SPECULATIVE]
+        units = [Unit(m, temperature) for m in self.methods if m not in SPECULATIVE and m != "llama-speculative"]
+        if "llama-speculative" in self.methods:  # independent of our K: timed once per draft-max
+            units += [Unit("llama-speculative", temperature, draft_max=n) for n in self.settings.llama_draft_max]
         for k in self.settings.ks:
             units += [Unit(m, temperature, k) for m in self.methods if m in SPECULATIVE]
         return units
@@ -374,15 +524,23 @@ class Bench:
         return len(s.temperatures) * per_temperature * (s.warmup + s.runs) + 1  # + 1: the cost measurement
 
     # -- running
-    def _run_unit(self, unit: Unit, prompt_ids: list[list[int]], seed: int) -> Record:
+    def _run_unit(self, unit: Unit, batches: list[list[list[int]]], seed: int) -> Record:
         s = self.settings
-        args = (prompt_ids, s.max_new_tokens, unit.temperature, s.top_k, s.top_p, seed)
+        args = (batches, s.max_new_tokens, unit.temperature, s.top_k, s.top_p, seed)
         if unit.method == "specdecode-plain":
             return run_ours(self.plain, *args)
         if unit.method == "specdecode":
             return run_ours(self.spec[unit.k], *args)
         if unit.method == "hf-plain":
             return run_hf(self.hf_target, self.tokenizer, *args)
+        if unit.method == "llamacpp-plain":
+            return run_llamacpp(self.llama_peers, *args)
+        if unit.method == "llamacpp-prompt-lookup":
+            return run_llamacpp(self.llama_peers, *args,
+                                lookup=LOOKUP_DEFAULT_TOKENS if unit.k == AUTO else unit.k)
+        if unit.method == "llama-speculative":
+            return run_llama_speculative(self.llama_binary, self.llama_setup, self.tokenizer, *args,
+                                         draft_max=unit.draft_max, n_ctx=self.llama_ctx)
         if self.lookup:  # prompt lookup: transformers has it too, with a fixed number of tokens
             k = self._auto_max() if unit.k == AUTO else unit.k
             return run_hf(self.hf_target, self.tokenizer, *args, prompt_lookup=k)
@@ -398,14 +556,14 @@ class Bench:
         records: dict[Unit, list[Record]] = {}
         for temperature in s.temperatures:
             units = self.units(temperature)
-            for w in range(s.warmup):  # untimed: first prompt only
+            for w in range(s.warmup):  # untimed: first batch only
                 for unit in units:
-                    self._run_unit(unit, self.prompt_ids[:1], s.seed + 10_000 * (w + 1))
+                    self._run_unit(unit, self.batches[:1], s.seed + 10_000 * (w + 1))
                     progress(f"warm-up {unit.label}")
             for r in range(s.runs):
                 for unit in units:  # interleaved: A B C D, A B C D, ...
                     seed = s.seed + 1_000_003 * (r + 1)  # the same seeds for every method in a round
-                    records.setdefault(unit, []).append(self._run_unit(unit, self.prompt_ids, seed))
+                    records.setdefault(unit, []).append(self._run_unit(unit, self.batches, seed))
                     progress(f"run {r + 1}/{s.runs} {unit.label}")
         return self._report(records, costs, time.time() - started)
 
@@ -425,8 +583,12 @@ class Bench:
                       "per_prompt_seconds": r.per_prompt_seconds} for r in recs],
             "new_tokens_per_prompt": per_prompt,
             "lengths_match": all(n == self.settings.max_new_tokens for r in recs for n in r.per_prompt_tokens),
-            "k": unit.k, "temperature": unit.temperature,
+            "k": unit.k, "temperature": unit.temperature, "batch_size": self.settings.batch_size,
         }
+        if unit.method in LLAMACPP:
+            block["rows"] = "one after another (llama.cpp's generation takes one prompt at a time)"
+        if unit.method == "llama-speculative":
+            block.update(self._speculative_binary_block(unit, recs))
         if unit.method in ("specdecode", "specdecode-plain"):
             merged = merge_stats([r.stats for r in recs])
             block["stats"] = merged.to_dict()
@@ -451,19 +613,36 @@ class Bench:
             block["shared_across_k"] = True
         return block
 
+    def _speculative_binary_block(self, unit: Unit, recs: list[Record]) -> dict:
+        drafted = [r.extra["n_drafted"] for r in recs if r.extra.get("n_drafted") is not None]
+        accepted = [r.extra["n_accept"] for r in recs if r.extra.get("n_accept") is not None]
+        rates = [x for r in recs for x in r.extra["decode_tokens_per_second"]]
+        return {
+            "draft_max": unit.draft_max, "command": recs[-1].extra["command"],
+            # the binary stops after the step that passes -n, so it may make a few tokens more; all are counted
+            "lengths_match": all(n >= self.settings.max_new_tokens for r in recs for n in r.per_prompt_tokens),
+            "lengths_note": "llama-speculative stops after the step that passes -n: it may make a few more tokens",
+            "acceptance_rate": sum(accepted) / sum(drafted) if drafted and sum(drafted) else None,
+            "n_drafted": sum(drafted) if drafted else None, "n_accept": sum(accepted) if accepted else None,
+            "decode_tokens_per_second": st.summarize(rates)["median"] if rates else None,
+            "prompt_tokens_llama": recs[-1].extra["prompt_tokens"],
+            "throughput_note": "(prompt evaluation + decoding seconds it prints) per run; model loading left out",
+        }
+
     def _config(self, temperature: float, k, records: dict, costs: dict) -> dict:
         methods = {}
-        for unit in sorted(self.units(temperature), key=lambda u: METHODS.index(u.method)):
+        for unit in sorted(self.units(temperature), key=lambda u: (METHODS.index(u.method), u.draft_max or 0)):
             if unit.k in (None, k):
-                methods[unit.method] = self._block(unit, records[unit])
+                methods[unit.name] = self._block(unit, records[unit])
         for name, block in methods.items():
             block["speedup_vs"] = {other: (block["tokens_per_second"] / b["tokens_per_second"]
                                            if b["tokens_per_second"] else None)
                                    for other, b in methods.items() if other != name}
         theory = None
         spec = methods.get("specdecode")
-        if spec is not None and k == AUTO:
-            spec["mean_k"] = spec["stats"].get("mean_k")
+        if spec is not None and k == AUTO:  # the K the engine chose, step by step
+            spec.update(mean_k=spec["stats"].get("mean_k"), k_histogram=spec["stats"].get("k_histogram"),
+                        plain_steps=spec["stats"].get("plain_steps"))
         elif spec is not None and costs.get("c") is not None:  # the formulas hold for a fixed K
             alpha, c, v = spec["alpha"], costs["c"], costs["v"][str(k)]
             plain = methods.get("specdecode-plain")
@@ -513,11 +692,13 @@ class Bench:
             "config": {**self.info, "ks": list(s.ks), "temperatures": list(s.temperatures),
                        "max_new_tokens": s.max_new_tokens, "runs": s.runs, "warmup": s.warmup, "top_k": s.top_k,
                        "top_p": s.top_p, "methods": list(self.methods), "seed": s.seed, "sampler": s.method,
-                       "num_prompts": len(self.prompt_ids),
+                       "num_prompts": len(self.prompt_ids), "batch_size": s.batch_size,
+                       "rows_per_run": sum(len(b) for b in self.batches),
                        "prompt_tokens": [len(p) for p in self.prompt_ids],
                        "throughput": "end to end: new tokens / wall time of the generate() calls, prefill included",
                        "lengths": "ours: ignore_eos=True; transformers: min_new_tokens = max_new_tokens",
-                       "skipped": {m: why for m, why in self.skipped.items() if m in s.methods}},
+                       "skipped": {m: why for m, why in self.skipped.items() if m in s.methods},
+                       "llamacpp": self._llama_config()},
             "costs": costs,
             "sweep": sweep,
             "recommended": {"k": first["k"], "temperature": first["temperature"], "by_temperature": by_temperature},
@@ -525,6 +706,24 @@ class Bench:
             "methods": top["methods"],
             "theory": top["theory"],
         }
+
+
+    def _llama_config(self) -> dict | None:
+        setup = self.llama_setup
+        if setup is None or not any(m in self.methods for m in LLAMACPP):
+            return None
+        binary = self.llama_binary
+        return {"target_gguf": setup.target_gguf, "draft_gguf": setup.draft_gguf, "threads": setup.threads,
+                "n_ctx": self.llama_ctx, "flash_attn": True, "speculative_binary": binary.path if binary else None,
+                "draft_max": list(self.settings.llama_draft_max) if binary else None,
+                "prompt_lookup_tokens": f"K; {LOOKUP_DEFAULT_TOKENS} (its default) for K=auto",
+                "sampling_note": "min-p 0, typical-p 1, repeat penalty 1; llama.cpp applies top-p before the "
+                                 "temperature (ours after): the same distribution when top-p = 1 or T = 1"}
+
+    def close(self) -> None:
+        """Free llama-cpp-python's models (our models belong to the caller)."""
+        if self.llama_peers is not None:
+            self.llama_peers.close()
 
 
 def _is_lookup(drafter) -> bool:
@@ -573,12 +772,12 @@ def measure_latency(target, draft, prompt_ids: list[int], ks: list, max_new_toke
     units = [("plain", None)] + [("speculative", k) for k in spec]
     generators = {("plain", None): plain, **{("speculative", k): g for k, g in spec.items()}}
     for unit in units:  # warm-up
-        run_ours(generators[unit], [prompt_ids], min(8, max_new_tokens), temperature, 0, 1.0, seed)
+        run_ours(generators[unit], [[prompt_ids]], min(8, max_new_tokens), temperature, 0, 1.0, seed)
     progress("warm-up")
     records: dict = {}
     for r in range(runs):
         for unit in units:
-            records.setdefault(unit, []).append(run_ours(generators[unit], [prompt_ids], max_new_tokens,
+            records.setdefault(unit, []).append(run_ours(generators[unit], [[prompt_ids]], max_new_tokens,
                                                          temperature, 0, 1.0, seed + r))
             progress(f"run {r + 1}/{runs} {unit[0]}" + (f" K={unit[1]}" if unit[1] else ""))
     plain_ms, plain_decode = _latency(records[("plain", None)])

@@ -20,9 +20,15 @@ from .options import ModelOptions, model_options
 bench_app = typer.Typer()  # its help is the docstring of bench() below
 app.add_typer(bench_app, name="bench")
 eval_app = typer.Typer(help="Task evaluations of speculative vs plain sampling.", no_args_is_help=True)
+
+from .bench_serve_cmd import bench_serve as _bench_serve  # noqa: E402  (the load generator, its own module)
+
+bench_app.command("serve")(_bench_serve)
 app.add_typer(eval_app, name="eval")
 
-METHOD_NAMES = ("specdecode-plain", "specdecode", "hf-plain", "hf-assisted")
+METHOD_NAMES = ("specdecode-plain", "specdecode", "hf-plain", "hf-assisted", "llamacpp-plain", "llamacpp-prompt-lookup",
+                "llama-speculative")
+DEFAULT_METHODS = METHOD_NAMES[:-1]  # llama-speculative joins when --llama-speculative names its binary
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -109,8 +115,8 @@ def bench(
     temperature: str = typer.Option("0", "--temperature", help="0 = greedy; a comma list (0,0.7,1) sweeps."),
     top_k: int = typer.Option(0, "--top-k", help="Top-k when sampling (0 = off)."),
     top_p: float = typer.Option(1.0, "--top-p", help="Top-p when sampling (1.0 = off)."),
-    methods: str = typer.Option(",".join(METHOD_NAMES), "--methods", help="Comma list among: "
-                                + ", ".join(METHOD_NAMES) + "."),
+    methods: str = typer.Option(",".join(DEFAULT_METHODS), "--methods", help="Comma list among: "
+                                + ", ".join(METHOD_NAMES) + " (llama.cpp's need a GGUF target)."),
     seed: int = typer.Option(0, "--seed", help="Base seed of the sampling runs."),
     chat: bool = typer.Option(True, "--chat/--raw", help="Wrap prompts in the tokenizer's chat template (when it "
                               "has one), or feed them raw."),
@@ -120,6 +126,14 @@ def bench(
     sanity: bool = typer.Option(False, "--sanity", help="Draft = target, greedy: acceptance must be 1.0; reports "
                                 "the loop's overhead."),
     cost_repeats: int = typer.Option(3, "--cost-repeats", help="Forwards timed per step-cost measurement."),
+    batch_size: int = typer.Option(1, "--batch-size", help="Rows per generate() call (consecutive prompts, the set "
+                                   "cycled): ours and hf-plain decode them together, llama.cpp's methods one after "
+                                   "another; tokens/s is summed over rows."),
+    llama_speculative: Optional[str] = typer.Option(None, "--llama-speculative", help="Path of llama.cpp's "
+                                                    "llama-speculative (or llama-speculative-simple) binary: runs it "
+                                                    "on the same GGUF target and draft, as llama-speculative-dmaxN."),
+    llama_draft_max: str = typer.Option("2,3,4,8", "--llama-draft-max", help="llama-speculative's --draft-max "
+                                        "values, a comma list (one method each)."),
     peer_models: str = typer.Option("stock", "--peer-models", help="Models transformers' methods run on: stock "
                                     "(plain fp32, as a transformers user loads them) or same (our prepacked target "
                                     "and quantized draft, to compare the decoding loops alone)."),
@@ -132,7 +146,10 @@ def bench(
     Methods: specdecode-plain (our loop, no draft), specdecode (ours,
     speculative), hf-plain (transformers generate), hf-assisted
     (transformers assisted generation with the same draft object and K;
-    with K=auto, transformers' own dynamic setting).
+    with K=auto, transformers' own dynamic setting); on a GGUF target,
+    llamacpp-plain (llama-cpp-python's own generation, same file and
+    threads), llamacpp-prompt-lookup (its LlamaPromptLookupDecoding) and,
+    with --llama-speculative PATH, llama.cpp's llama-speculative binary.
     Runs are interleaved after a warm-up. Reports tokens/s, ms/token,
     speedups, acceptance, the measured cost ratio c and verification cost v,
     and the theoretical speedup next to the measured one (fixed K).
@@ -153,6 +170,9 @@ def bench(
         unknown = [m for m in chosen if m not in METHOD_NAMES]
         if unknown or not chosen:
             raise CLIError(f"unknown --methods {', '.join(unknown) or '(none)'}: choose among {', '.join(METHOD_NAMES)}")
+        if llama_speculative and "llama-speculative" not in chosen and methods == ",".join(DEFAULT_METHODS):
+            chosen.append("llama-speculative")
+        draft_max = _int_list(llama_draft_max, "--llama-draft-max")
         if sanity:
             if "auto" in opts.k_values:
                 raise CLIError("--sanity needs a fixed -k (e.g. -k 3): with the draft as costly as the target, "
@@ -162,12 +182,15 @@ def bench(
             opts = dataclasses.replace(opts, draft=None)
         settings = BenchSettings(ks=opts.k_values, temperatures=temperatures, max_new_tokens=max_new_tokens,
                                  runs=runs, warmup=warmup, top_k=top_k, top_p=top_p, methods=tuple(chosen),
-                                 seed=seed, method=opts.method, cost_repeats=cost_repeats)
+                                 seed=seed, method=opts.method, cost_repeats=cost_repeats, batch_size=batch_size,
+                                 llama_draft_max=draft_max)
         settings.check()
         for t in temperatures:
             SamplingParams(t, top_k, top_p)
         texts, prompt_name = _load_prompt_texts(prompts, prompts_file, nb_prompts)
         target_model, draft_model = load_pair(opts, quiet=_quiet(json_path))
+        target_model, draft_model = _with_rows(target_model, opts, batch_size), _with_rows(draft_model, opts,
+                                                                                            batch_size)
         if sanity:
             draft_model = target_model
         if draft_model is None and any(m in ("specdecode", "hf-assisted") for m in chosen):
@@ -176,13 +199,17 @@ def bench(
         info = {"target": opts.target, "draft": opts.target if sanity else (opts.draft if opts.has_draft else None),
                 "prompts": prompt_name, "chat": chat, "dtype": opts.dtype, "device": opts.device,
                 "backend": backend_name(target_model), "draft_quantize": None if sanity else opts.draft_quantize,
-                "quantize": opts.quantize, "sanity": sanity, "peer_models": peer_models}
+                "quantize": opts.quantize, "sanity": sanity, "peer_models": peer_models, "threads": opts.threads}
         peer_target, peer_draft = _peer_models(peer_models, opts, chosen, sanity, backend_name(target_model))
-        runner = Bench(target_model, draft_model, prompt_ids, settings, info, peer_target, peer_draft)
+        llama = _llama_setup(opts, target_model, draft_model, chosen, llama_speculative, sanity)
+        runner = Bench(target_model, draft_model, prompt_ids, settings, info, peer_target, peer_draft, llama)
         for method, why in _skipped(runner, chosen):
             err.print(f"{method} left out: {why}", markup=False)
-        with progress_bar(runner.total_steps(), "bench") as advance:
-            report = runner.run(progress=advance)
+        try:
+            with progress_bar(runner.total_steps(), "bench") as advance:
+                report = runner.run(progress=advance)
+        finally:
+            runner.close()
         if sanity:
             report["sanity"] = _sanity_verdict(report)
         if json_path != "-":
@@ -195,6 +222,51 @@ def bench(
             err.print(f"wrote {plot}", markup=False)
         if sanity and not report["sanity"]["pass"]:
             raise typer.Exit(1)
+
+
+def _int_list(text: str, name: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CLIError(f"{name} must be an integer or a comma list of integers (e.g. 2,4), got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise CLIError(f"{name} values must be integers >= 1, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def _with_rows(loaded, opts: ModelOptions, rows: int):
+    """A llama.cpp model able to hold `rows` rows at a time: load_pair builds one row, so a larger batch reloads
+    it with max_rows = rows (a transformers model takes any batch as it is)."""
+    model = getattr(loaded, "model", None)
+    if rows <= 1 or getattr(loaded, "backend", None) != "llamacpp" or model.max_rows >= rows:
+        return loaded
+    from ..models.loading import load_model
+
+    model.close()
+    return load_model(loaded.name, backend="llamacpp", threads=opts.threads, progress=False,
+                      backend_options={"max_rows": rows})
+
+
+def _llama_setup(opts: ModelOptions, target_model, draft_model, methods, binary: Optional[str], sanity: bool):
+    """The GGUF files and threads llama.cpp's methods run on: ours when they run on llama.cpp, else the GGUF of a
+    built-in model or .gguf file (None for anything else: those methods are then left out)."""
+    from ..bench.llamacpp_peers import default_threads, gguf_file
+    from ..bench.runner import LlamaPeerSetup
+
+    if not any(m.startswith("llama") for m in methods):
+        return None
+
+    def gguf(name, loaded):
+        if getattr(loaded, "backend", None) == "llamacpp":
+            return loaded.path
+        path = gguf_file(name, progress=False)
+        return str(path) if path is not None else None
+
+    draft = None
+    if opts.has_draft and not opts.draft_is_lookup and draft_model is not None and not sanity:
+        draft = gguf(opts.draft, draft_model)
+    return LlamaPeerSetup(target_gguf=gguf(opts.target, target_model), draft_gguf=draft,
+                          threads=opts.threads or default_threads(), speculative_binary=binary)
 
 
 def _skipped(runner, chosen) -> list[tuple[str, str]]:
@@ -261,7 +333,10 @@ def _print_bench(report: dict) -> None:
         title = "greedy (T=0)" if t == 0 else f"T={t:g}" + (f", top-k {config['top_k']}" if config["top_k"] else "") \
             + (f", top-p {config['top_p']:g}" if config["top_p"] < 1 else "")
         speed = Table(title=f"throughput, {title}", title_justify="left")
-        for name in ("method", "K", "tok/s", "mean ± std", "ms/tok", "× ours plain", "× hf-plain", "× hf-assisted"):
+        present = {name for c in configs for name in c["methods"]}
+        peers = [p for p in ("hf-plain", "llamacpp-plain") if p in present]
+        for name in ("method", "K", "tok/s", "mean ± std", "ms/tok", "× ours plain", *[f"× {p}" for p in peers],
+                     "× hf-assisted"):
             speed.add_column(name, justify="left" if name == "method" else "right", no_wrap=True)
         shown = set()
         for c in configs:
@@ -271,11 +346,11 @@ def _print_bench(report: dict) -> None:
                         continue
                     shown.add(name)
                 vs = block.get("speedup_vs", {})
-                spec = name in ("specdecode", "hf-assisted")
+                spec = not block.get("shared_across_k")
                 ratio = lambda other: _fmt(vs.get(other), ".2f", "") + ("×" if vs.get(other) else "")  # noqa: E731
                 speed.add_row(name, str(c["k"]) if spec else "", _rate(block["tokens_per_second"]),
                               f"{_rate(block['tokens_per_second_mean'])} ± {_rate(block['tokens_per_second_std'])}",
-                              _rate(block["ms_per_token"]), ratio("specdecode-plain"), ratio("hf-plain"),
+                              _rate(block["ms_per_token"]), ratio("specdecode-plain"), *[ratio(p) for p in peers],
                               ratio("hf-assisted") if spec else "")
                 if not block["lengths_match"]:
                     err.print(f"[yellow]warning:[/] {name} made {block['new_tokens_per_prompt']} tokens per prompt, "
@@ -283,6 +358,8 @@ def _print_bench(report: dict) -> None:
         out.print(speed, soft_wrap=False)
         rows = [(c, name, c["methods"][name]) for c in configs for name in ("specdecode", "hf-assisted")
                 if name in c["methods"]]
+        rows += [(c, name, block) for c in configs[:1] for name, block in c["methods"].items()
+                 if name.startswith("llama-speculative")]  # independent of our K: once
         if rows:
             spec_table = Table(title=f"speculation, {title}", title_justify="left")
             for name in ("method", "K", "accept", "tok/step", "per-position acceptance", "measured ×",
@@ -291,9 +368,12 @@ def _print_bench(report: dict) -> None:
                                       else "right", no_wrap=name != "per-position acceptance")
             for c, name, block in rows:
                 theory = c.get("theory") or {}
-                measured = block["speedup_vs"].get("specdecode-plain" if name == "specdecode" else "hf-plain")
+                measured = block["speedup_vs"].get({"specdecode": "specdecode-plain", "hf-assisted": "hf-plain"}.get(
+                    name, "llamacpp-plain"))
                 pos = " ".join(f"{a:.0%}" for a in block.get("per_position_acceptance", []))
                 k = str(c["k"]) + (f" (mean {block['mean_k']:.1f})" if block.get("mean_k") is not None else "")
+                if block.get("draft_max") is not None:
+                    k = f"≤ {block['draft_max']}"
                 spec_table.add_row(name, k, _fmt(block.get("acceptance_rate"), ".1%"),
                                    _fmt(block.get("mean_accepted_length"), ".2f"), pos,
                                    _fmt(measured, ".2f") + "×" if measured else "–",

@@ -20,9 +20,13 @@ def serve(
     port: int = typer.Option(8000, "--port", help="TCP port."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECDECODE_API_KEY",
                                           help="Require 'Authorization: Bearer KEY' on every endpoint but /health."),
-    max_batch_size: int = typer.Option(8, "--max-batch-size", help="Prompts per engine batch at most: requests "
-                                       "that arrive together share one speculative batch."),
-    max_queue: int = typer.Option(64, "--max-queue", help="Requests waiting at most; more are answered 429."),
+    max_batch_size: int = typer.Option(8, "--max-batch-size", help="Rows (prompts) decoding at once at most: "
+                                       "requests join the running batch between steps and leave when done."),
+    max_queue: int = typer.Option(64, "--max-queue", help="Requests waiting for room in the batch at most; more "
+                                  "are answered 429 with Retry-After."),
+    prefill_tokens_per_step: int = typer.Option(256, "--prefill-tokens-per-step", help="Prompt tokens prefilled "
+                                                "per engine step: long prompts join in chunks, so the running rows "
+                                                "keep decoding meanwhile (0: whole prompts at once)."),
     max_tokens_limit: int = typer.Option(2048, "--max-tokens-limit", help="Largest max_tokens a request may ask."),
     request_timeout: float = typer.Option(120.0, "--request-timeout", help="Seconds a request may take, queue "
                                           "included, before it is cancelled and answered 504."),
@@ -32,6 +36,15 @@ def serve(
         "name for a path) and 'specdecode'."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level: critical, error, warning, "
                                   "info, debug."),
+    ray: bool = typer.Option(False, "--ray", help="Serve with Ray Serve: replicas that each load the models once "
+                             "and run their own engine loop (needs the [ray] extra)."),
+    replicas: Optional[int] = typer.Option(None, "--replicas", help="With --ray: this many replicas (default 1)."),
+    autoscale: Optional[str] = typer.Option(None, "--autoscale", help="With --ray: MIN,MAX replicas, scaled on "
+                                            "the requests each one holds."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --ray: join this Ray cluster "
+                                              "(e.g. ray://head:10001 or auto); default: start a local one."),
+    ray_num_cpus: Optional[int] = typer.Option(None, "--ray-num-cpus", help="With --ray and no address: CPUs of "
+                                               "the local Ray instance (default: all)."),
     opts: ModelOptions = None,
 ) -> None:
     """Serve the target (sped up by the draft) over an OpenAI-compatible HTTP API.
@@ -52,20 +65,64 @@ def serve(
             fail(f"--log-level must be one of critical, error, warning, info, debug, trace, got {log_level!r}")
         if not 0 <= port <= 65535:
             fail(f"--port must be between 0 and 65535, got {port}")
+        if prefill_tokens_per_step < 0:
+            fail(f"--prefill-tokens-per-step must be >= 0 (0: whole prompts at once), got {prefill_tokens_per_step}")
+        scale = _autoscale(autoscale) if autoscale is not None else None
+        if not ray and (replicas is not None or scale is not None or ray_address or ray_num_cpus is not None):
+            fail("--replicas, --autoscale, --ray-address and --ray-num-cpus need --ray")
+        if replicas is not None and scale is not None:
+            fail("give --replicas or --autoscale, not both")
+        if replicas is not None and replicas < 1:
+            fail(f"--replicas must be >= 1, got {replicas}")
         k = opts.num_speculative_tokens
         target, draft = opts.target, opts.draft
+        settings = ServerSettings(max_batch_size=max_batch_size, max_queue=max_queue,
+                                  max_tokens_limit=max_tokens_limit, request_timeout=request_timeout,
+                                  api_key=api_key or None, served_model_names=tuple(served_model_name or ()),
+                                  draft_name=_display_name(draft) if opts.has_draft else None,
+                                  prefill_tokens_per_step=prefill_tokens_per_step or None)
+        if ray:
+            _serve_with_ray(opts, settings, host, port, ray_address, ray_num_cpus, replicas, scale)
+            return
         target_model, draft_model = load_pair(opts, announce=True)
         if target_model.tokenizer is None:
             fail(f"{target} has no tokenizer: the server takes text and returns text")
         generator = make_generator(target_model, draft_model, k, opts.method)
-        settings = ServerSettings(max_batch_size=max_batch_size, max_queue=max_queue,
-                                  max_tokens_limit=max_tokens_limit, request_timeout=request_timeout,
-                                  api_key=api_key or None, served_model_names=tuple(served_model_name or ()),
-                                  draft_name=_display_name(draft) if draft_model is not None else None)
         server_app = create_app(generator, _display_name(target), target_model.tokenizer, settings)
     # Logs go through `logging`, one line per event; on SIGINT/SIGTERM uvicorn stops accepting, lets in-flight
     # requests finish for up to 30 s, the app's shutdown stops the engine worker, and run() logs "server stopped".
     run(server_app, host=host, port=port, log_level=log_level, graceful_shutdown_s=30)
+
+
+def _autoscale(text: str) -> tuple[int, int]:
+    try:
+        low, high = (int(x) for x in text.split(","))
+    except ValueError:
+        fail(f"--autoscale takes MIN,MAX (two integers), got {text!r}")
+    if not 0 <= low <= high or high < 1:
+        fail(f"--autoscale MIN,MAX needs 0 <= MIN <= MAX and MAX >= 1, got {text!r}")
+    return low, high
+
+
+def _serve_with_ray(opts: ModelOptions, settings, host: str, port: int, address: Optional[str],
+                    num_cpus: Optional[int], replicas: Optional[int], scale) -> None:
+    """The same app as a Ray Serve deployment: each replica loads the models itself (one thread unless
+    --threads says otherwise), so nothing is loaded here."""
+    import logging.config
+
+    try:
+        from ..server.ray_serve import replica_config, serve_with_ray
+        import ray  # noqa: F401
+    except ImportError:
+        fail("--ray needs Ray Serve: pip install 'specdecode[ray]'")
+    from ..server.run import log_config
+
+    logging.config.dictConfig(log_config("info"))
+    threads = opts.threads or 1
+    opts.threads = threads
+    config = replica_config(opts, settings, _display_name(opts.target))
+    serve_with_ray(config, host=host, port=port, address=address, num_cpus=num_cpus, replicas=replicas,
+                   autoscale=scale, cpus_per_replica=threads, settings=settings)
 
 
 def _display_name(name: str) -> str:

@@ -11,9 +11,9 @@ from ..sampling import BatchSampling, sample_with_uniforms
 class ModelDrafter:
     """Drafts with its own KV cache, kept in step with the target's accepted tokens.
 
-    Each row keeps a short list of tokens that were emitted but are not in the draft's cache yet: normally the
-    target's last token, and after a full acceptance also the last draft (sampled, never fed). The next
-    proposal feeds them in its first forward, so no step is spent catching up.
+    Each row keeps a list of tokens that were emitted but are not in the draft's cache yet: the prompt until the
+    first proposal, then normally the target's last token, and after a full acceptance also the last draft
+    (sampled, never fed); after plain steps, every token since. The next proposal feeds them in its first forward.
     """
 
     def __init__(self, backend: ModelBackend):
@@ -26,10 +26,11 @@ class ModelDrafter:
         self._proposed = 0
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None) -> None:
+        # Lazily: the prompts wait with the other pending tokens and are fed by the first proposal, so a batch
+        # that the policy decodes plainly never pays for the draft's prefill.
         self.backend.reset(input_ids.shape[0])
-        self.backend.forward(input_ids, valid, last_only=True)
-        self.forward_calls += 1
-        self._pending = [[] for _ in range(input_ids.shape[0])]
+        rows, masks = input_ids.tolist(), valid.tolist() if valid is not None else None
+        self._pending = [[t for j, t in enumerate(r) if masks is None or masks[b][j]] for b, r in enumerate(rows)]
         self._fed = []
         self._proposed = 0
 

@@ -30,6 +30,7 @@ from .errors import ERROR_RESPONSES, APIError, install_error_handlers
 from .jobs import JobRunner
 from .metrics import ServerMetrics
 from .middleware import AuthMiddleware, MetricsMiddleware
+from .playground import router as playground_router
 from .responses import Responder
 from .schemas import (MAX_STOP_STRINGS, ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                       CompletionResponse, Health, ModelCard, ModelList, PredictRequest, PredictResponse)
@@ -48,9 +49,10 @@ __all__ = ["create_app", "ServerSettings", "APIError"]
 def create_app(generator, model_name: str, tokenizer=None, settings: ServerSettings | None = None) -> FastAPI:
     """An app serving `generator` (a SpeculativeGenerator or AutoregressiveGenerator); `model_name` is the target's.
 
-    The generator is used only by the app's engine worker thread from now on. The worker starts with the app's
-    lifespan (or with the first request) and stops at shutdown: queued requests are answered 503, the running
-    batch gets settings.shutdown_grace_s to finish before it is cancelled.
+    The generator is used only by the app's engine worker thread from now on: one long-lived decoding session
+    that requests join at a step boundary and leave when done (continuous batching). The worker starts with the
+    app's lifespan (or with the first request) and stops at shutdown: queued requests are answered 503, the
+    running rows get settings.shutdown_grace_s to finish before they are cancelled.
     """
     settings = settings or ServerSettings()
     tokenizer = tokenizer if tokenizer is not None else generator.tokenizer
@@ -60,9 +62,10 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
                             settings.draft_name)
     metrics = ServerMetrics()
     batcher = Batcher(generator, max_batch_size=settings.max_batch_size, max_queue=settings.max_queue,
-                      batch_window_s=settings.batch_window_s, metrics=metrics)
+                      prefill_tokens_per_step=settings.prefill_tokens_per_step, metrics=metrics)
     metrics.queue_depth.set_function(lambda: batcher.queue_depth)
     metrics.running.set_function(lambda: batcher.running)
+    metrics.running_rows.set_function(lambda: batcher.running_rows)
     runner = JobRunner(batcher, metrics, settings)
 
     async def lifespan(_app):
@@ -88,7 +91,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
         log.debug("%s: %d prompt(s) of %s tokens, max_tokens %d, temperature %g, k %s%s", kind, len(job.prompts),
                   "/".join(str(len(p)) for p in job.prompts), job.max_tokens[0], job.temperature,
                   job.num_speculative_tokens, f"; ignored: {headers['X-Ignored-Fields']}" if headers else "")
-        responder = Responder(kind, generation.model, served.draft_name)
+        responder = Responder(kind, generation.model, served.draft_name, generation.provenance)
         if generation.stream:
             events = await runner.stream(job, request, deadline, responder, generation.include_usage)
             return StreamingResponse(events, media_type="text/event-stream",
@@ -159,6 +162,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
         return app.openapi_schema
 
     app.openapi = openapi
+    app.include_router(playground_router)
     if settings.api_key:
         app.add_middleware(AuthMiddleware, api_key=settings.api_key)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
@@ -202,7 +206,7 @@ def _document_limits(schemas: dict, settings: ServerSettings, served: ServedMode
                 if name in ("max_tokens", "max_completion_tokens", "max_new_tokens") and kind == "integer":
                     branch["maximum"] = settings.max_tokens_limit
                 elif name == "num_speculative_tokens" and kind == "integer":
-                    branch["minimum"], branch["maximum"] = (1, settings.max_speculative_tokens) \
+                    branch["minimum"], branch["maximum"] = (0, settings.max_speculative_tokens) \
                         if served.has_draft else (0, 0)
                 elif name == "model" and kind == "string":
                     branch["enum"] = list(served.names)

@@ -1,14 +1,15 @@
-"""The request queue and the engine worker.
+"""The request queue and the engine loop: continuous batching over one long-lived DecodingSession.
 
-One worker thread owns the generator (torch releases the GIL, so the event loop keeps answering while it runs).
-The event loop submits jobs (a request's prompts and sampling settings) to a bounded FIFO queue; the worker takes
-the oldest job and every other queued job it can share an engine batch with (same sampling parameters, stop
-strings and k; per-prompt max_tokens may differ), up to max_batch_size prompts, runs `generator.stream(...)` on
-the batch, and forwards each TokenEvent to its job's asyncio.Queue with `loop.call_soon_threadsafe`. A job with
-a seed runs in a batch of its own, so the same seed gives the same output.
+One worker thread owns the generator and one `DecodingSession` (torch releases the GIL, so the event loop keeps
+answering while it runs). The event loop submits jobs (a request's prompts and sampling settings) to a bounded
+FIFO queue. Between two engine steps the worker moves queued jobs into the session while it has room for their
+rows (max_batch_size rows at most), one `gen.request(...)` per prompt with the job's own settings and seed, so
+any mix of settings shares a batch; the session prefills new prompts in chunks (prefill_tokens_per_step) beside
+the running rows, which keep decoding. Each TokenEvent goes to its job's asyncio.Queue with
+`loop.call_soon_threadsafe`; a row leaves the batch as soon as it finishes.
 
-A job cancelled while queued leaves the queue at once; a job cancelled while running has its rows cancelled
-(`TokenStream.cancel`) before the engine's next step, which the other rows of the batch do not notice.
+A job cancelled while queued leaves the queue at once; a job cancelled while running (client gone, timeout) has
+its rows cancelled before the next step, which frees them within that step; the other rows do not notice.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..results import RowStats, Stats
 
 log = logging.getLogger("specdecode.server")
 
@@ -41,7 +44,7 @@ class Cancelled(Exception):
 # Items a job's queue receives, in order: Started, Token*, then Done or Failed.
 @dataclass(frozen=True)
 class Started:
-    batch_size: int
+    batch_size: int  # rows in the session when the job joined (its own included)
     queue_wait_s: float
 
 
@@ -57,8 +60,8 @@ class Done:
     token_ids: list[list[int]]
     finish_reasons: list[str]
     prompt_tokens: list[int]
-    stats: Any  # the engine's Stats for the whole batch
-    batch_size: int
+    stats: Any  # a Stats of this job's own rows (counters) and its time in the engine
+    batch_size: int  # the most rows the session ran in one step while this job was in it
     row_stats: list = field(default_factory=list)  # the engine's RowStats of this request's own prompts
 
 
@@ -67,9 +70,11 @@ class Failed:
     error: BaseException
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself, whatever its fields say
 class Job:
-    """One request's generation work: its prompts (token ids) and settings, and where its events go."""
+    """One request's generation work: its prompts (token ids) and settings, and where its events go.
+
+    Every prompt becomes a row of its own; with a seed S, prompt i is seeded S + i (as the engine's generate)."""
 
     prompts: list[list[int]]
     max_tokens: list[int]
@@ -78,22 +83,24 @@ class Job:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    num_speculative_tokens: int | None = None
+    num_speculative_tokens: int | str | None = None  # "auto"/None: the session's policy; an int: this job's K
     loop: asyncio.AbstractEventLoop | None = None
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     created: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     cancel_reason: str | None = None
     state: str = "new"  # new -> queued -> running -> finished
+    # the worker's bookkeeping while the job runs
+    rows: list[int] = field(default_factory=list)
+    open_rows: int = 0
+    peak_rows: int = 0
+    joined: float = 0.0
+    first_call: int = 0  # the session's target forward calls when the job joined
+    last_token: dict = field(default_factory=dict)  # row -> time its last token was routed
 
     def __post_init__(self):
         if self.temperature < GREEDY_EPS:
             self.temperature, self.top_k, self.top_p = 0.0, 0, 1.0  # greedy: top-k/top-p change nothing
-
-    @property
-    def key(self) -> tuple:
-        """Jobs with equal keys (and no seed) can share an engine batch."""
-        return self.temperature, self.top_k, self.top_p, self.stop, self.num_speculative_tokens
 
     def post(self, item) -> None:
         """Hand an item to the job's event loop (from any thread)."""
@@ -102,20 +109,39 @@ class Job:
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
 
+    def requests(self, generator) -> list:
+        """One engine Request per prompt, with this job's settings (checked by the engine)."""
+        k = self.num_speculative_tokens
+        k = None if k == "auto" else k
+        return [generator.request(ids, max_new_tokens=limit, temperature=self.temperature, top_k=self.top_k,
+                                  top_p=self.top_p, seed=None if self.seed is None else self.seed + i,
+                                  stop=list(self.stop) or None, num_speculative_tokens=k)
+                for i, (ids, limit) in enumerate(zip(self.prompts, self.max_tokens))]
+
 
 class Batcher:
-    def __init__(self, generator, *, max_batch_size: int = 8, max_queue: int = 64, batch_window_s: float = 0.005,
-                 metrics=None):
+    """The queue and the engine loop of one server (see the module's docstring).
+
+    join_running=False admits new jobs only when the session is idle ("wait for the batch"): the static batching
+    that continuous batching replaces, kept to measure one against the other."""
+
+    def __init__(self, generator, *, max_batch_size: int = 8, max_queue: int = 64,
+                 prefill_tokens_per_step: int | None = 256, metrics=None, join_running: bool = True):
         if max_batch_size < 1 or max_queue < 1:
             raise ValueError("max_batch_size and max_queue must be >= 1")
+        if prefill_tokens_per_step is not None and prefill_tokens_per_step < 1:
+            raise ValueError("prefill_tokens_per_step must be >= 1 (or None: whole prompts at once)")
         self.generator = generator
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
-        self.batch_window_s = batch_window_s
+        self.prefill_tokens_per_step = prefill_tokens_per_step
         self.metrics = metrics
+        self.join_running = join_running
+        self.session = None
         self._cond = threading.Condition()
         self._pending: collections.deque[Job] = collections.deque()
         self._running: list[Job] = []
+        self._owner: dict[int, tuple[Job, int]] = {}  # session row -> (job, prompt index)
         self._accepting = True
         self._stopping = False
         self._abort = False
@@ -128,7 +154,14 @@ class Batcher:
 
     @property
     def running(self) -> int:
+        """Requests in the engine (their rows running or being prefilled)."""
         return len(self._running)
+
+    @property
+    def running_rows(self) -> int:
+        """Rows decoding in the session now."""
+        session = self.session
+        return session.running if session is not None else 0
 
     @property
     def alive(self) -> bool:
@@ -143,9 +176,10 @@ class Batcher:
         return self._accepting
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="specdecode-engine", daemon=True)
-            self._thread.start()
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name="specdecode-engine", daemon=True)
+                self._thread.start()
 
     def submit(self, job: Job) -> None:
         if len(job.prompts) > self.max_batch_size:
@@ -163,7 +197,7 @@ class Batcher:
             self._cond.notify()
 
     def cancel(self, job: Job, reason: str) -> None:
-        """Cancel a job: out of the queue now if it waits there, its rows stopped at the next step if it runs."""
+        """Cancel a job: out of the queue now if it waits there, its rows freed at the next step if it runs."""
         if job.cancelled or job.state == "finished":
             return
         job.cancelled, job.cancel_reason = True, reason
@@ -174,11 +208,12 @@ class Batcher:
                 except ValueError:
                     pass
                 job.state = "finished"
+            self._cond.notify()
         if self.metrics is not None:
             self.metrics.cancelled.labels(reason=reason).inc()
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """Refuse new work, fail what is queued, let the running batch finish for grace_s, then cancel it."""
+        """Refuse new work, fail what is queued, let the running rows finish for grace_s, then cancel them."""
         with self._cond:
             self._accepting = False
             self._stopping = True
@@ -193,104 +228,136 @@ class Batcher:
         self._thread.join(grace_s)
         if self._thread.is_alive():
             self._abort = True
+            with self._cond:
+                self._cond.notify_all()
             self._thread.join(10.0)
 
     # ------------------------------------------------------------------ worker side
     def _work(self) -> None:
+        self.session = self._new_session()
         while True:
             with self._cond:
-                while not self._pending and not self._stopping:
+                while not self._pending and not self._running and not self._stopping:
                     self._cond.wait()
-                if self._stopping and not self._pending:
+                if self._stopping and not self._running:
                     return
-                short = sum(len(j.prompts) for j in self._pending) < self.max_batch_size
-            if short and self.batch_window_s > 0:
-                time.sleep(self.batch_window_s)  # let requests that arrive together share the batch
-            with self._cond:
-                batch = self._take_batch()
-                self._running = batch
-            if batch:
-                try:
-                    self._run(batch)
-                except Exception as exc:  # never let the worker die
-                    log.exception("engine batch failed")
-                    for job in batch:
-                        job.post(Failed(exc))
-                finally:
-                    for job in batch:
-                        job.state = "finished"
-                    with self._cond:
-                        self._running = []
-
-    def _take_batch(self) -> list[Job]:
-        """Under the lock: the oldest job and the queued jobs compatible with it, up to max_batch_size prompts."""
-        if not self._pending:
-            return []
-        head = self._pending.popleft()
-        batch = [head]
-        if head.seed is None:
-            rows = len(head.prompts)
-            for job in list(self._pending):
-                if rows >= self.max_batch_size:
-                    break
-                if job.seed is None and job.key == head.key and rows + len(job.prompts) <= self.max_batch_size:
-                    self._pending.remove(job)
-                    batch.append(job)
-                    rows += len(job.prompts)
-        for job in batch:
-            job.state = "running"
-        return batch
-
-    def _run(self, batch: list[Job]) -> None:
-        head = batch[0]
-        prompts, limits, owner = [], [], []
-        for job in batch:
-            for i, (ids, limit) in enumerate(zip(job.prompts, job.max_tokens)):
-                prompts.append(ids)
-                limits.append(limit)
-                owner.append((job, i))
-        try:
-            stream = self.generator.stream(prompts, max_new_tokens=limits, temperature=head.temperature,
-                                           top_k=head.top_k, top_p=head.top_p, seed=head.seed,
-                                           stop=list(head.stop) or None,
-                                           num_speculative_tokens=head.num_speculative_tokens)
-        except Exception as exc:  # argument checks: the app validates first, so this is unexpected
-            for job in batch:
-                job.post(Failed(exc))
-            return
-        now = time.monotonic()
-        for job in batch:
-            wait = now - job.created
-            if self.metrics is not None:
-                self.metrics.queue_wait.observe(wait)
-            job.post(Started(len(prompts), wait))
-        rows_of = {id(job): [r for r, (j, _) in enumerate(owner) if j is job] for job in batch}
-        stopped: set[int] = set()
-        try:
-            for event in stream:
-                job, index = owner[event.row]
-                if not job.cancelled:
-                    job.post(Token(index, event))
-                for other in batch:
-                    if (other.cancelled or self._abort) and id(other) not in stopped:
-                        stopped.add(id(other))
-                        for r in rows_of[id(other)]:
-                            stream.cancel(r)
-        finally:
-            stream.close()
-        result = stream.result
-        if self.metrics is not None and result is not None:
-            self.metrics.observe_batch(result.stats, len(prompts))
-        offset = 0
-        for job in batch:
-            n = len(job.prompts)
-            rows = slice(offset, offset + n)
-            offset += n
-            if job.cancelled or self._abort:
-                job.post(Failed(Cancelled(job.cancel_reason or "shutdown")))
+                joining = self._take_jobs()
+            for job in joining:
+                self._join(job)
+            self._cancel_rows()
+            if self.session.idle:
                 continue
-            texts = result.texts[rows] if result.texts is not None else [""] * n
-            job.post(Done(texts, result.token_ids[rows], result.finish_reasons[rows],
-                          [len(p) for p in result.prompt_token_ids[rows]], result.stats, len(prompts),
-                          result.row_stats[rows]))
+            try:
+                events = self.session.step()
+            except Exception as exc:  # never let the worker die: fail the batch, start a fresh session
+                log.exception("engine step failed")
+                self._fail_running(exc)
+                self.session = self._new_session()
+                continue
+            self._route(events)
 
+    def _new_session(self):
+        return self.generator.session(prefill_tokens_per_step=self.prefill_tokens_per_step,
+                                      max_batch=self.max_batch_size)
+
+    def _take_jobs(self) -> list[Job]:
+        """Under the lock: queued jobs, oldest first, while the session has room for all their rows."""
+        if self._stopping or (not self.join_running and self._running):
+            return []
+        room = self.max_batch_size - sum(j.open_rows for j in self._running)
+        taken = []
+        while self._pending and len(self._pending[0].prompts) <= room:
+            job = self._pending.popleft()
+            room -= len(job.prompts)
+            job.state = "running"
+            taken.append(job)
+        self._running += taken
+        return taken
+
+    def _join(self, job: Job) -> None:
+        session = self.session
+        try:
+            requests = job.requests(self.generator)
+        except ValueError as exc:  # the app checks first: only what it cannot know ends here
+            self._finish(job, Failed(exc))
+            return
+        job.rows = [session.add(r) for r in requests]
+        job.open_rows = len(job.rows)
+        for i, row in enumerate(job.rows):
+            self._owner[row] = (job, i)
+        job.joined = time.monotonic()
+        job.first_call = session.stats.target_forward_calls
+        wait = job.joined - job.created
+        if self.metrics is not None:
+            self.metrics.queue_wait.observe(wait)
+        job.post(Started(session.running + session.queued, wait))
+
+    def _cancel_rows(self) -> None:
+        """Rows of cancelled jobs (and all of them on abort) leave at the next step; their jobs end now."""
+        for job in [j for j in self._running if j.cancelled or self._abort]:
+            for row in job.rows:
+                self.session.cancel(row)
+                self._owner.pop(row, None)
+            self._finish(job, Failed(Cancelled(job.cancel_reason or "shutdown")))
+
+    def _route(self, events) -> None:
+        now = time.monotonic()
+        counts = collections.Counter(e.row for e in events)
+        rows_now = len(counts)  # every row that ran this step got a token (rows that finished in it included)
+        for job in self._running:
+            job.peak_rows = max(job.peak_rows, rows_now)
+        for event in events:
+            owner = self._owner.get(event.row)
+            if owner is None:
+                continue
+            job, index = owner
+            job.post(Token(index, event))
+            self._observe_token(job, event.row, now, counts[event.row])
+            if event.finished:
+                self._owner.pop(event.row, None)
+                job.open_rows -= 1
+                if job.open_rows == 0:
+                    self._finish(job, self._done(job, now))
+        if self.metrics is not None:
+            self.metrics.observe_step(rows_now, len(events), now)
+
+    def _observe_token(self, job: Job, row: int, now: float, tokens_this_step: int) -> None:
+        if self.metrics is None:
+            return
+        last = job.last_token.get(row)
+        if last is None:
+            self.metrics.time_to_first_token.observe(now - job.created)
+        else:  # a step that delivers n tokens of a row spreads its interval over them
+            self.metrics.inter_token_latency.observe((now - last) / tokens_this_step)
+        job.last_token[row] = now
+
+    def _done(self, job: Job, now: float) -> Done:
+        result = self.session.result(job.rows)
+        rows = result.row_stats
+        session_stats = self.session.stats
+        k = job.num_speculative_tokens
+        stats = Stats(num_rows=len(rows), prompt_tokens=sum(len(p) for p in job.prompts),
+                      new_tokens=sum(len(t) for t in result.token_ids),
+                      num_speculative_tokens=k if isinstance(k, int) else session_stats.num_speculative_tokens,
+                      policy=session_stats.policy, proposed_tokens=sum(r.proposed_tokens for r in rows),
+                      accepted_tokens=sum(r.accepted_tokens for r in rows),
+                      verification_steps=sum(r.verification_steps for r in rows),
+                      target_forward_calls=session_stats.target_forward_calls - job.first_call,
+                      wall_time_s=now - job.joined, num_rows_with_first_token=len(rows))
+        if self.metrics is not None:
+            self.metrics.observe_rows(rows, stats.prompt_tokens)
+        texts = result.texts if result.texts is not None else [""] * len(rows)
+        return Done(texts, result.token_ids, result.finish_reasons, [len(p) for p in job.prompts], stats,
+                    max(job.peak_rows, 1), [RowStats(**vars(r)) for r in rows])
+
+    def _finish(self, job: Job, item) -> None:
+        job.state = "finished"
+        job.post(item)
+        with self._cond:
+            if job in self._running:
+                self._running.remove(job)
+
+    def _fail_running(self, exc: BaseException) -> None:
+        for job in list(self._running):
+            self._finish(job, Failed(exc))
+        self._owner.clear()

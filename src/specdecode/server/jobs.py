@@ -4,7 +4,6 @@ cancel it when its client goes away or its time is up."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import AsyncIterator
 
 from fastapi import Request
@@ -28,14 +27,10 @@ class JobRunner:
     async def result(self, job: Job, request: Request, deadline: float) -> Done:
         """Submit and wait for the whole result (non-streaming requests)."""
         self._submit(job)
-        first_token_seen = False
         try:
             while True:
                 item = await self._next(job, deadline, request)
-                if isinstance(item, Token) and not first_token_seen:
-                    first_token_seen = True
-                    self.metrics.time_to_first_token.observe(time.monotonic() - job.created)
-                elif isinstance(item, Done):
+                if isinstance(item, Done):
                     return item
                 elif isinstance(item, Failed):
                     raise self._failure(item)
@@ -45,7 +40,7 @@ class JobRunner:
 
     async def stream(self, job: Job, request: Request, deadline: float, responder: Responder,
                      include_usage: bool) -> AsyncIterator[bytes]:
-        """Submit and wait until the job's batch starts (errors until then are raised, to be answered with their
+        """Submit and wait until the job joins the engine's batch (errors until then are raised, to be answered with their
         status code); then the SSE events of its tokens, as an async iterator."""
         self._submit(job)
         try:
@@ -63,7 +58,6 @@ class JobRunner:
                       include_usage: bool) -> AsyncIterator[bytes]:
         open_rows = set(range(len(job.prompts)))
         ended = False  # True once the job is over: nothing left to cancel
-        first = True
         try:
             for i in sorted(open_rows):
                 opening = responder.opening(i)
@@ -77,14 +71,12 @@ class JobRunner:
                     yield sse(exc.body())
                     return
                 if isinstance(item, Token):
-                    if first:
-                        first = False
-                        self.metrics.time_to_first_token.observe(time.monotonic() - job.created)
                     event = item.event
                     if item.index not in open_rows:
                         continue
-                    if event.text:
-                        yield sse(responder.delta(item.index, event.text))
+                    chunk = responder.token(item.index, event)
+                    if chunk is not None:
+                        yield sse(chunk)
                     if event.finished:
                         open_rows.discard(item.index)
                         yield sse(responder.delta(item.index, "", event.finish_reason))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import threading
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+TOKENS_PER_S_WINDOW_S = 10.0  # the tokens/s gauge averages over this many seconds
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 
 
@@ -26,8 +29,11 @@ class ServerMetrics:
         self.time_to_first_token = Histogram("specdecode_time_to_first_token_seconds", "Time from a generation "
                                              "request's arrival to its first token.", buckets=LATENCY_BUCKETS,
                                              registry=r)
-        self.batch_size = Histogram("specdecode_batch_size", "Prompts per engine batch.", buckets=BATCH_BUCKETS,
-                                    registry=r)
+        self.inter_token_latency = Histogram("specdecode_inter_token_latency_seconds", "Time between successive "
+                                             "tokens of a row (a step that delivers n tokens of a row counts its "
+                                             "interval / n, n times).", buckets=ITL_BUCKETS, registry=r)
+        self.batch_size = Histogram("specdecode_batch_size", "Rows decoding in the engine, per engine step.",
+                                    buckets=BATCH_BUCKETS, registry=r)
         self.prompt_tokens = Counter("specdecode_prompt_tokens", "Prompt tokens processed.", registry=r)
         self.generated_tokens = Counter("specdecode_generated_tokens", "New tokens generated.", registry=r)
         self.proposed_tokens = Counter("specdecode_draft_proposed_tokens", "Draft tokens proposed.", registry=r)
@@ -39,34 +45,53 @@ class ServerMetrics:
                                      "server started.", registry=r)
         self.mean_accepted_length = Gauge("specdecode_mean_accepted_length", "Tokens emitted per target "
                                           "verification and row since the server started.", registry=r)
-        self.batches = Counter("specdecode_batches", "Engine batches run.", registry=r)
+        self.steps = Counter("specdecode_engine_steps", "Engine steps run (one speculative step of every running "
+                             "row, after admitting queued prompts).", registry=r)
+        self.tokens_per_second = Gauge("specdecode_tokens_per_second", f"New tokens per second over the last "
+                                       f"{TOKENS_PER_S_WINDOW_S:g} s.", registry=r)
         self.cancelled = Counter("specdecode_cancelled_requests", "Generation requests cancelled, by reason.",
                                  ["reason"], registry=r)
         self.rejected = Counter("specdecode_rejected_requests", "Generation requests refused, by reason.",
                                 ["reason"], registry=r)
         self.queue_depth = Gauge("specdecode_queue_depth", "Generation requests waiting for the engine.",
                                  registry=r)
-        self.running = Gauge("specdecode_running_requests", "Generation requests in the engine's current batch.",
-                             registry=r)
+        self.running = Gauge("specdecode_running_requests", "Generation requests in the engine (rows decoding or "
+                             "being prefilled).", registry=r)
+        self.running_rows = Gauge("specdecode_running_rows", "Rows decoding in the engine's batch.", registry=r)
         self.in_flight = Gauge("specdecode_in_flight_requests", "HTTP requests being handled.", registry=r)
         self._lock = threading.Lock()
         self._totals = [0, 0, 0, 0]  # proposed, accepted, emitted after the first token, verification steps
+        self._window: collections.deque = collections.deque()  # (time, tokens) of recent steps
 
-    def observe_batch(self, stats, batch_size: int) -> None:
-        """Called by the engine worker once per finished batch with the engine's Stats."""
-        self.batches.inc()
-        self.batch_size.observe(batch_size)
-        self.prompt_tokens.inc(stats.prompt_tokens)
-        self.generated_tokens.inc(stats.new_tokens)
-        self.proposed_tokens.inc(stats.proposed_tokens)
-        self.accepted_tokens.inc(stats.accepted_tokens)
-        self.verification_steps.inc(stats.verification_steps)
+    def observe_step(self, rows: int, tokens: int, now: float) -> None:
+        """Called by the engine worker after each step: rows decoding, tokens delivered, the time."""
+        self.steps.inc()
+        self.batch_size.observe(rows)
+        self.generated_tokens.inc(tokens)
+        window = self._window
+        window.append((now, tokens))
+        while window and now - window[0][0] > TOKENS_PER_S_WINDOW_S:
+            window.popleft()
+        span = now - window[0][0] if len(window) > 1 else 0.0
+        if span > 0:
+            self.tokens_per_second.set(sum(t for _, t in list(window)[1:]) / span)
+
+    def observe_rows(self, row_stats, prompt_tokens: int) -> None:
+        """Called by the engine worker once per finished request with its rows' RowStats."""
+        self.prompt_tokens.inc(prompt_tokens)
+        proposed = sum(r.proposed_tokens for r in row_stats)
+        accepted = sum(r.accepted_tokens for r in row_stats)
+        steps = sum(r.verification_steps for r in row_stats)
+        emitted = sum(max(r.new_tokens - 1, 0) for r in row_stats)  # the first token comes from the prefill
+        self.proposed_tokens.inc(proposed)
+        self.accepted_tokens.inc(accepted)
+        self.verification_steps.inc(steps)
         with self._lock:
             t = self._totals
-            t[0] += stats.proposed_tokens
-            t[1] += stats.accepted_tokens
-            t[2] += stats.new_tokens - stats.num_rows_with_first_token
-            t[3] += stats.verification_steps
+            t[0] += proposed
+            t[1] += accepted
+            t[2] += emitted
+            t[3] += steps
             if t[0]:
                 self.acceptance_rate.set(t[1] / t[0])
             if t[3]:

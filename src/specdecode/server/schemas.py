@@ -99,6 +99,15 @@ class StreamOptions(_Request):
                                                              "statistics before `data: [DONE]`.")
 
 
+class SpecdecodeOptions(_Request):
+    provenance: Optional[bool] = Field(
+        False, description="With stream=true, every token gets a chunk of its own carrying a top-level "
+                           "\"specdecode\" object: {\"tokens\": [{id, text, provenance, step, num_drafts}], "
+                           "\"stats\": {acceptance_rate, mean_accepted_length, proposed_tokens, accepted_tokens, "
+                           "verification_steps, new_tokens}} (provenance: accepted, resampled, bonus or target; "
+                           "stats: the prompt's running counters). Plain OpenAI clients ignore it.")
+
+
 class _Sampling(_Request):
     """Fields shared by completions, chat completions and /predict."""
 
@@ -112,7 +121,8 @@ class _Sampling(_Request):
     stop: Optional[Union[str, list[str]]] = Field(
         None, description=f"Up to {MAX_STOP_STRINGS} stop strings; the stop string is not returned.")
     num_speculative_tokens: Optional[Union[Int(ge=0), Literal["auto"]]] = Field(
-        None, description="Extension: draft tokens per verification, or \"auto\" (the server's -k if left out).")
+        None, description="Extension: draft tokens per verification for this request, 0 for plain decoding (no "
+                          "drafts); \"auto\" or left out: the server's -k.")
     user: Optional[str] = None
     metadata: Optional[dict[str, Any]] = Field(None, description="Accepted and not used.")
     store: Optional[bool] = Field(None, description="Accepted and not used (nothing is stored).")
@@ -143,6 +153,7 @@ class CompletionRequest(_Sampling):
         None, description="New tokens at most per prompt (default 16; at most the server's --max-tokens-limit).")
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
+    specdecode: Optional[SpecdecodeOptions] = Field(None, description="Extension: token provenance in streams.")
     best_of: Optional[Int(ge=1, le=1)] = Field(None, description=_not_supported("1"))
     logprobs: None = Field(None, description=_not_supported("null"))
     echo: Optional[Literal[False]] = Field(None, description=_not_supported("false"))
@@ -183,6 +194,7 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Optional[TokenCount] = Field(None, description="Newer name of max_tokens.")
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
+    specdecode: Optional[SpecdecodeOptions] = Field(None, description="Extension: token provenance in streams.")
     parallel_tool_calls: Optional[bool] = Field(None, description="Accepted and not used (no tools).")
     logprobs: Optional[Literal[False]] = Field(None, description=_not_supported("false"))
     top_logprobs: Optional[Int(ge=0, le=0)] = Field(None, description=_not_supported("0"))

@@ -20,7 +20,8 @@ class ServerSettings:
     api_key: str | None = None
     draft_name: str | None = None
     served_model_names: Sequence[str] = ()  # --served-model-name; empty: the target's name and "specdecode"
-    batch_window_s: float = 0.005  # how long the worker waits for more requests to share a batch
+    prefill_tokens_per_step: int | None = 256  # prompt tokens prefilled per engine step (None: whole prompts)
+    batch_window_s: float = 0.0  # no longer used: requests join the running batch at the next step
     max_speculative_tokens: int = 32
     max_prompt_chars: int = 1_000_000
     default_predict_tokens: int = 64
@@ -32,6 +33,9 @@ class ServerSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        p = self.prefill_tokens_per_step
+        if p is not None and (isinstance(p, bool) or not isinstance(p, int) or p < 1):
+            raise ValueError(f"prefill_tokens_per_step must be an integer >= 1 (or None), got {p!r}")
         if not self.request_timeout > 0:
             raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout!r}")
         if isinstance(self.served_model_names, str):

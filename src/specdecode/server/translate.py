@@ -29,6 +29,7 @@ class Generation:
     job: Job
     stream: bool = False
     include_usage: bool = False
+    provenance: bool = False  # stream each token with its provenance (the "specdecode" extension)
     ignored: list[str] = field(default_factory=list)  # fields no schema declares, named in X-Ignored-Fields
 
 
@@ -49,8 +50,10 @@ def translate(body, kind: Kind, served: ServedModel, settings: ServerSettings) -
         _check_fits(ids, max_tokens, param, tokens_param, served.context_length)
     job = Job(prompts=prompts, max_tokens=[max_tokens] * len(prompts), **sampling)
     options = getattr(body, "stream_options", None)
+    extension = getattr(body, "specdecode", None)
     return Generation(kind, model, job, stream=bool(getattr(body, "stream", False)),
-                      include_usage=bool(options and options.include_usage), ignored=ignored_fields(body))
+                      include_usage=bool(options and options.include_usage),
+                      provenance=bool(extension and extension.provenance), ignored=ignored_fields(body))
 
 
 def resolve_model(requested: str | None, served: ServedModel) -> str:
@@ -180,8 +183,8 @@ def _sampling(body, served: ServedModel, settings: ServerSettings) -> dict:
                 raise bad_request("num_speculative_tokens needs a draft model, and this server runs without one "
                                   "(only 0 is accepted)", "num_speculative_tokens")
             k = None
-        elif k != "auto" and not 1 <= k <= settings.max_speculative_tokens:
-            raise bad_request(f"num_speculative_tokens must be between 1 and {settings.max_speculative_tokens}, "
+        elif k != "auto" and not 0 <= k <= settings.max_speculative_tokens:  # 0: plain decoding (a race's baseline)
+            raise bad_request(f"num_speculative_tokens must be between 0 and {settings.max_speculative_tokens}, "
                               f"got {k}", "num_speculative_tokens")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return dict(temperature=1.0 if body.temperature is None else body.temperature,
