@@ -112,12 +112,12 @@ def test_speculative_binary_reads_its_options_from_help(tmp_path):
 @pytest.fixture(scope="module")
 def smol_gguf():
     pytest.importorskip("llama_cpp")
-    from specdecode.models import registry
+    from specdecode.models import prepare, registry
 
     info = registry.get_model_info(SMOL)
     if not info.installed:
         pytest.skip(f"needs the SmolLM2 GGUF package: {info.pip_command}")
-    return str(registry.prepare_gguf(SMOL, progress=False)[0])
+    return str(prepare.prepare_gguf(SMOL, progress=False)[0])
 
 
 def test_llama_cpp_python_generation_makes_exactly_n_tokens_and_matches_our_greedy(smol_gguf):

@@ -20,7 +20,7 @@ import torch
 from typer.testing import CliRunner
 
 from specdecode.cli.app import app
-from specdecode.models import registry
+from specdecode.models import prepare, registry
 from specdecode.models.registry import ModelInfo, Part
 
 STATS_KEYS = {"acceptance_rate", "mean_accepted_length", "target_forward_calls", "draft_forward_calls",
@@ -525,7 +525,7 @@ def test_models_prepare_errors(fake_registered):
 def test_a_prepared_builtin_name_loads(fake_registered, tiny_model_dirs, target_only):
     """A registered name that is in the cache works everywhere a path does."""
     shutil.copytree(tiny_model_dirs["target"], registry.model_path("fake-tiny"))
-    registry.mark_prepared("fake-tiny")
+    prepare.mark_prepared("fake-tiny")
     result = ok("models", "prepare", "fake-tiny")
     assert result.stdout.strip() == str(registry.model_path("fake-tiny")) and "already prepared" in result.stderr
     assert "not prepared" not in ok("models", "path", "fake-tiny").stderr
@@ -536,6 +536,34 @@ def test_a_prepared_builtin_name_loads(fake_registered, tiny_model_dirs, target_
     [by_name] = json_lines(ok(*args, "--target", "fake-tiny", "--draft", "none", "--backend", "transformers"))
     [by_path] = json_lines(ok(*args, *target_only))
     assert by_name["token_ids"] == by_path["token_ids"]
+
+
+def test_prepare_progress_draws_each_task_on_a_terminal(monkeypatch):
+    """The CLI's adapter from the library's progress calls to bars: a new bar when the total changes or done goes
+    back, its description following the calls; nothing at all off a terminal."""
+    import io
+
+    from rich.console import Console
+
+    from specdecode.cli import common
+
+    screen = io.StringIO()
+    monkeypatch.setattr(common, "err", Console(file=screen, force_terminal=True, width=120))
+    with common.prepare_progress() as report:
+        for done in (0, 400, 1000):
+            report("joining [x]", done, 1000)
+        for done, step in enumerate(["loading", "saving", "verified"]):
+            report(f"converting x: {step}", done, 2)
+        report("checking x", 0, 2)  # same total, done back to 0: the next task
+        report("checking x", 2, 2)
+    text = screen.getvalue()
+    assert "joining [x]" in text and "1000/1000" in text  # markup in a description is shown as it is
+    assert "converting x: verified" in text and "2/2" in text and "checking x" in text
+    monkeypatch.setattr(common, "err", Console(file=io.StringIO(), force_terminal=False))
+    with common.prepare_progress() as report:
+        report("joining x", 0, 10)
+        report("joining x", 10, 10)
+    assert common.err.file.getvalue() == ""
 
 
 # ---------------------------------------------------------------------------------------------- real processes

@@ -23,7 +23,7 @@ from test_registry import write_tiny_gguf  # noqa: E402
 from specdecode import PromptLookupDrafter, SpeculativeGenerator  # noqa: E402
 from specdecode.backends import pad  # noqa: E402
 from specdecode.backends.llamacpp import INSTALL_HINT, LlamaCppBackend  # noqa: E402
-from specdecode.models import registry  # noqa: E402
+from specdecode.models import prepare, registry  # noqa: E402
 
 SMOL = "smollm2-135m-instruct"
 N_CTX = 256
@@ -391,7 +391,7 @@ def test_load_model_builds_the_backend_and_a_matching_tokenizer(smol_cache, smol
     for text in ["Hello world", "def f(x):\n    return x * 2  # héllo 世界 🚀", "  two  spaces\n\n\ttab"]:
         assert loaded.tokenizer(text)["input_ids"] == reference_llama.tokenize(text.encode(), special=False)
     monkeypatch.setenv("SPECDECODE_CACHE", str(cache))
-    monkeypatch.setattr(registry, "_extract_tokenizer", lambda *a: pytest.fail("the tokenizer was built again"))
+    monkeypatch.setattr(prepare, "_extract_tokenizer", lambda *a: pytest.fail("the tokenizer was built again"))
     again = load_model(SMOL, threads=1, progress=False, backend_options={"n_ctx": N_CTX})  # auto picks llama.cpp
     assert again.backend == "llamacpp" and again.tokenizer.get_vocab() == loaded.tokenizer.get_vocab()
     prompt = reference_llama.tokenize(PROMPT.encode())
@@ -450,19 +450,19 @@ def test_prepare_gguf_joins_split_models_once_and_checks_them(tiny_gguf, tmp_pat
     info = ModelInfo("fake-gguf", "", 0, len(data), hashlib.sha256(data).hexdigest(), "fake", parts)
     registry.register(info)
     try:
-        gguf, tokenizer_dir = registry.prepare_gguf("fake-gguf", progress=False)
+        gguf, tokenizer_dir = prepare.prepare_gguf("fake-gguf", progress=False)
         assert gguf == registry.gguf_cache_path("fake-gguf") and gguf.read_bytes() == data
         assert (tokenizer_dir / "tokenizer_config.json").is_file()
-        join = registry.join_parts
-        monkeypatch.setattr(registry, "join_parts", lambda *a, **k: pytest.fail("joined twice"))
-        assert registry.prepare_gguf("fake-gguf", progress=False) == (gguf, tokenizer_dir)
-        monkeypatch.setattr(registry, "join_parts", join)
+        join = prepare.join_parts
+        monkeypatch.setattr(prepare, "join_parts", lambda *a, **k: pytest.fail("joined twice"))
+        assert prepare.prepare_gguf("fake-gguf", progress=False) == (gguf, tokenizer_dir)
+        monkeypatch.setattr(prepare, "join_parts", join)
         gguf.write_bytes(data[:-1] + b"\0")  # changed behind our back: joined and checked again
-        assert registry.prepare_gguf("fake-gguf", progress=False)[0].read_bytes() == data
+        assert prepare.prepare_gguf("fake-gguf", progress=False)[0].read_bytes() == data
         registry.register(dataclasses.replace(info, sha256="0" * 64), replace=True)
         gguf.unlink()
-        with pytest.raises(registry.ModelIntegrityError, match="sha256 mismatch"):
-            registry.prepare_gguf("fake-gguf", progress=False)
+        with pytest.raises(prepare.ModelIntegrityError, match="sha256 mismatch"):
+            prepare.prepare_gguf("fake-gguf", progress=False)
         assert not gguf.exists()
     finally:
         registry.unregister("fake-gguf")

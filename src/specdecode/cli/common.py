@@ -67,17 +67,41 @@ def one_line(message: str) -> str:
 def progress_bar(total: int, description: str, enabled: bool = True):
     """A progress bar on stderr, drawn only on a terminal: a pipe or a log gets no carriage returns.
 
-    Yields advance(label="", n=1).
+    Yields advance(label="", n=1, description=None); a description replaces the bar's own.
     """
     if not (enabled and err.is_terminal and total > 0):
-        yield lambda label="", n=1: None
+        yield lambda label="", n=1, description=None: None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[label]}"), console=err, transient=True) as progress:
         task = progress.add_task(description, total=total, label="")
-        yield lambda label="", n=1: progress.update(task, advance=n, label=label)
+
+        def advance(label: str = "", n: int = 1, description: Optional[str] = None) -> None:
+            fields = {} if description is None else {"description": description}
+            progress.update(task, advance=n, label=label, **fields)
+
+        yield advance
+
+
+@contextlib.contextmanager
+def prepare_progress(enabled: bool = True):
+    """A progress callback (description, done, total) for the library's model preparation (models/prepare.py),
+    drawn with progress_bar. A call whose total differs, or whose done goes back, starts the next task's bar."""
+    bars = contextlib.ExitStack()
+    state = {"total": None, "done": 0, "advance": None}
+
+    def report(description: str, done: int, total: int) -> None:
+        if total != state["total"] or done < state["done"]:
+            bars.close()
+            advance = bars.enter_context(progress_bar(total, escape(description), enabled))
+            state.update(total=total, done=0, advance=advance)
+        state["advance"](n=done - state["done"], description=escape(description))
+        state["done"] = done
+
+    with bars:
+        yield report
 
 
 # ---------------------------------------------------------------------------------------------- early checks
@@ -154,12 +178,12 @@ def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] 
     quiet_transformers()
     announce = (err.is_terminal if announce is None else announce) and not quiet
     status = err.status if not quiet and err.is_terminal else _no_status
-    shared = dict(dtype=opts.dtype, trust_remote_code=opts.trust_remote_code, progress=not quiet,
-                  backend=opts.backend, threads=opts.threads)
+    shared = dict(dtype=opts.dtype, trust_remote_code=opts.trust_remote_code, backend=opts.backend,
+                  threads=opts.threads)
     start = time.perf_counter()
-    with status(f"loading target {opts.target}"):
+    with status(f"loading target {opts.target}"), prepare_progress(not quiet) as progress:
         target = load_model(opts.target, device=opts.device, device_map=opts.device_map,
-                            quantize=_none(opts.quantize), prepack=opts.prepack, **shared)
+                            quantize=_none(opts.quantize), prepack=opts.prepack, progress=progress, **shared)
     if announce:
         _announce("target", opts.target, target, time.perf_counter() - start)
     draft = None
@@ -175,9 +199,9 @@ def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] 
         if quant == "auto":
             quant = "int8" if device is not None and device.type == "cpu" else None
         start = time.perf_counter()
-        with status(f"loading draft {opts.draft}"):
+        with status(f"loading draft {opts.draft}"), prepare_progress(not quiet) as progress:
             draft = load_model(opts.draft, device=opts.device if opts.device_map is None else "auto",
-                               quantize=_none(quant), **shared)
+                               quantize=_none(quant), progress=progress, **shared)
         if announce:
             _announce("draft", opts.draft, draft, time.perf_counter() - start)
     return target, draft

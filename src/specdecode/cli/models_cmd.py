@@ -9,7 +9,7 @@ from typing import List
 import typer
 
 from .app import models_app
-from .common import err, out, quiet_transformers, user_errors
+from .common import err, out, prepare_progress, quiet_transformers, user_errors
 
 
 def _human_params(n: int) -> str:
@@ -78,6 +78,7 @@ def prepare_cmd(
 ) -> None:
     """Join the model's parts and convert it now (once), instead of on first use; prints its directory."""
     from ..models import registry
+    from ..models.prepare import prepare_model
 
     with user_errors():
         for name in names:
@@ -86,7 +87,8 @@ def prepare_cmd(
         for name in names:
             if registry.is_cached(name):
                 err.print(f"{name} is already prepared", soft_wrap=True, markup=False)
-            path = registry.prepare_model(name, progress=True)
+            with prepare_progress() as progress:
+                path = prepare_model(name, progress=progress)
             sys.stdout.write(f"{path}\n")
             sys.stdout.flush()
 

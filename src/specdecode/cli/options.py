@@ -98,8 +98,9 @@ def _declarations(k_default: str, k_list: bool) -> dict:
         "k": (str, option(k_default, "-k", "--num-speculative-tokens", help=k_help)),
         "method": (str, option("leviathan", "--method", help="Rejection sampler: leviathan (Alg. 1, vectorised) "
                                "or chen (Alg. 2, sequential). Both are lossless.")),
-        "backend": (str, option("auto", "--backend", help="How the models run: transformers, llamacpp, or auto "
-                                "(chosen from the model's format).")),
+        "backend": (str, option("auto", "--backend", help="How the models run: transformers, static (transformers "
+                                "on a preallocated KV cache with CUDA graphs, for GPUs), llamacpp (GGUF on llama.cpp's "
+                                "kernels), or auto (llamacpp for GGUF models on a CPU when installed).")),
         "device": (str, option("cpu", "--device", help="cpu, cuda, cuda:N or auto.")),
         "dtype": (str, option("auto", "--dtype", help="float32, float16, bfloat16 or auto (fp32 on CPU, fp16 on "
                               "CUDA).")),

