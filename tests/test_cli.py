@@ -345,7 +345,7 @@ def error_of(*args, **kwargs) -> str:
     (["--top-k", "-2"], "top_k must be an integer >= 0"),
     (["-k", "0"], "-k (draft tokens per step) must be >= 1"),
     (["-k", "many"], "-k must be auto or an integer >= 1, got 'many'"),
-    (["--backend", "vllm"], "--backend must be one of auto, transformers, llamacpp, got 'vllm'"),
+    (["--backend", "vllm"], "--backend must be one of auto, transformers, static, llamacpp, got 'vllm'"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["--method", "medusa"], "unknown --method 'medusa'"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),

@@ -40,15 +40,27 @@ def run_json(*args) -> dict:
     return json.loads(line)
 
 
+@pytest.fixture(scope="module", params=["llamacpp", "transformers"])
+def backend(request) -> str:
+    if request.param == "llamacpp":
+        pytest.importorskip("llama_cpp", reason="the llama.cpp backend needs the [llamacpp] extra")
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def target_greedy() -> dict:
-    return run_json("--draft", "none")
+def target_greedy(backend) -> dict:
+    return run_json("--draft", "none", "--backend", backend)
 
 
 @pytest.mark.parametrize("draft_quantize", ["auto", "none"])
-def test_greedy_generate_gives_the_targets_own_tokens(target_greedy, draft_quantize):
-    # The built-in names are the defaults: no --target/--draft given. auto = int8 draft on the CPU.
-    spec = run_json("--draft-quantize", draft_quantize)
+def test_greedy_generate_gives_the_targets_own_tokens(backend, target_greedy, draft_quantize):
+    """The built-in names are the defaults (no --target/--draft). transformers: auto = an int8 draft on the CPU.
+    llama.cpp: --exact-greedy (verifications of <= 3 tokens match its token-by-token decoding bit for bit), and a
+    fixed K so the draft is used whatever the policy would say of its cost on this CPU."""
+    if backend == "llamacpp" and draft_quantize == "none":
+        pytest.skip("a GGUF draft runs as it is quantized: no draft quantization to vary")
+    extra = ["--exact-greedy", "-k", "3"] if backend == "llamacpp" else []
+    spec = run_json("--draft-quantize", draft_quantize, "--backend", backend, *extra)
     assert len(target_greedy["token_ids"]) == NEW_TOKENS
     assert spec["token_ids"] == target_greedy["token_ids"]
     assert spec["text"] == target_greedy["text"]
@@ -60,7 +72,7 @@ def test_greedy_generate_gives_the_targets_own_tokens(target_greedy, draft_quant
 
 def test_compare_reports_identical_greedy_outputs():
     result = CliRunner().invoke(app, ["compare", PROMPT, "-n", "16", "--ignore-eos", "--json", "--draft-quantize",
-                                      "none"])
+                                      "none", "--exact-greedy", "-k", "3"])
     gc.collect()
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout)

@@ -179,7 +179,7 @@ def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] 
     announce = (err.is_terminal if announce is None else announce) and not quiet
     status = err.status if not quiet and err.is_terminal else _no_status
     shared = dict(dtype=opts.dtype, trust_remote_code=opts.trust_remote_code, backend=opts.backend,
-                  threads=opts.threads)
+                  threads=opts.threads, exact_greedy=opts.exact_greedy)
     start = time.perf_counter()
     with status(f"loading target {opts.target}"), prepare_progress(not quiet) as progress:
         target = load_model(opts.target, device=opts.device, device_map=opts.device_map,

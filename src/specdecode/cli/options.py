@@ -41,6 +41,7 @@ class ModelOptions:
     draft_quantize: Optional[str] = "auto"
     prepack: bool = True
     threads: Optional[int] = None
+    exact_greedy: bool = False
     trust_remote_code: bool = False
 
     @property
@@ -116,8 +117,11 @@ def _declarations(k_default: str, k_list: bool) -> dict:
         "prepack": (bool, option(True, "--prepack/--no-prepack", help="On the CPU, prepack the target's fp32 "
                                  "Linear weights (oneDNN blocked layout): verifying K+1 tokens then costs about one "
                                  "decode step. Same function up to fp32 rounding; used for plain decoding too.")),
-        "threads": (Optional[int], option(None, "--threads", help="CPU threads for torch (default: torch's "
-                                          "choice).")),
+        "threads": (Optional[int], option(None, "--threads", help="CPU threads (llama.cpp's; torch's for "
+                                          "transformers). Default: llama.cpp every core, torch its own choice.")),
+        "exact_greedy": (bool, option(False, "--exact-greedy", help="llama.cpp: verify in forwards of <= 3 tokens "
+                                      "so greedy output is token-for-token llama.cpp's own (its kernels for 4+ "
+                                      "tokens round differently and can flip a near-tie); slower.")),
         "trust_remote_code": (bool, option(False, "--trust-remote-code", help="Allow a model's own Python code "
                                            "(off by default).")),
     }

@@ -100,8 +100,11 @@ def _locate(name_or_path: str, progress: Progress | bool | None = None) -> tuple
 def load_model(name_or_path, device: str = "cpu", dtype="auto", trust_remote_code: bool = False,
                device_map: str | None = None, quantize: str | None = None, prepack: bool = False,
                progress: Progress | bool | None = None, backend: str = "auto", threads: int | None = None,
-               backend_options: dict | None = None) -> LoadedModel:
+               backend_options: dict | None = None, exact_greedy: bool = False) -> LoadedModel:
     """Load a causal LM and its tokenizer offline.
+
+    exact_greedy: on llama.cpp, verify in forwards of at most 3 tokens (its kernels for 4 or more tokens round
+    differently), so that greedy output is token-for-token llama.cpp's own; slower. No effect elsewhere.
 
     name_or_path: a built-in name (see `specdecode models list`), a local HF directory, a .gguf file, or a hub
     id already in the local HF cache; a transformers model passes through. quantize: "int8" (CPU: torch's
@@ -136,6 +139,8 @@ def load_model(name_or_path, device: str = "cpu", dtype="auto", trust_remote_cod
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     if _choose_backend(str(name_or_path), backend, device, device_map) == "llamacpp":
+        if exact_greedy:
+            backend_options = {"max_tokens_per_forward": 3, **(backend_options or {})}
         return _load_llamacpp(str(name_or_path), threads, progress, backend_options)
     if backend_options and backend != "static":
         raise ValueError(f"backend_options are for the llama.cpp and static backends; transformers takes none (got "
