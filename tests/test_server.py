@@ -611,7 +611,7 @@ def test_cli_serve_and_its_log(tiny_model_dirs, tmp_path):
     # One line per event, through logging: no progress bars, no line broken by a console's width.
     assert "\r" not in log, log
     lines = log.splitlines()
-    assert any(re.search(rf"serving 'tiny', 'tiny-alias' \(speculative decoding, k=4, draft 'draft'\) at "
+    assert any(re.search(rf"serving 'tiny', 'tiny-alias' \(speculative decoding, k=auto, draft 'draft'\) at "
                          rf"http://127\.0\.0\.1:{port}/v1$", line) for line in lines), log
     assert any(re.search(r"127\.0\.0\.1:\d+ POST /v1/completions 200 in [\d.]+ s$", line) for line in lines), log
     assert any(re.search(r"POST /v1/completions 400 in [\d.]+ s$", line) for line in lines), log

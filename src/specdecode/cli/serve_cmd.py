@@ -13,7 +13,7 @@ from .options import ModelOptions, model_options
 
 
 @app.command("serve")
-@model_options(k_default="4")
+@model_options(k_default="auto")
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind. The default answers only this "
                              "machine; binding another address without --api-key exposes the model to the network."),
