@@ -11,7 +11,7 @@ import time
 import httpx
 
 from specdecode.server import ServerSettings, create_app
-from test_server_batcher import SlowSessions
+from test_server_helpers import SlowGenerator as SlowSessions
 from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixture)
 from test_server_helpers import MODEL, LiveServer, make_generator, metric, metric_values, wait_until
 

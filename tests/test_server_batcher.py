@@ -9,32 +9,8 @@ import pytest
 
 from specdecode.server.batcher import Batcher, Cancelled, Done, Failed, Job, QueueFull, ShuttingDown, Started, Token
 from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixture)
+from test_server_helpers import SlowGenerator as SlowSessions  # each engine step slowed, EOS ignored
 from test_server_helpers import make_generator
-
-
-class SlowSessions:
-    """Wraps a generator so that each engine step takes at least `delay` seconds and EOS never ends a row early:
-    long, predictable generations for the cancellation and shutdown tests."""
-
-    def __init__(self, generator, delay: float):
-        self._generator, self.delay = generator, delay
-
-    def __getattr__(self, name):
-        return getattr(self._generator, name)
-
-    def request(self, *args, **kwargs):
-        return self._generator.request(*args, **{**kwargs, "ignore_eos": True})
-
-    def session(self, **kwargs):
-        session = self._generator.session(**kwargs)
-        step = session.step
-
-        def slow_step():
-            time.sleep(self.delay)
-            return step()
-
-        session.step = slow_step
-        return session
 
 
 def _ids(tokenizer, text):

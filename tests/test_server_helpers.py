@@ -116,8 +116,8 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool
 
 
 class SlowGenerator:
-    """Wraps a generator so that each token takes at least `delay` seconds and EOS never ends a row early: long,
-    predictable generations for the timeout, disconnect, queue-full and shutdown tests."""
+    """Wraps a generator so that each engine step takes at least `delay` seconds and EOS never ends a row early:
+    long, predictable generations for the timeout, disconnect, queue-full, cancellation and shutdown tests."""
 
     def __init__(self, generator, delay: float):
         self._generator = generator

@@ -12,7 +12,7 @@ import pytest
 
 from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixture)
 from specdecode.server import ServerSettings, create_app
-from test_server_batcher import SlowSessions
+from test_server_helpers import SlowGenerator as SlowSessions
 from test_server_helpers import MODEL, LiveServer, error_shape, make_generator, metric, metric_values, serve
 
 WORDS = ("def", "quicksort", "arr", "pivot", "import", "numpy", "for", "print", "class", "Model", "The", "quick",
