@@ -174,6 +174,9 @@ class RowGenerators:
         one for the token after them (u_verify[:, K]). Greedy rows draw nothing.
         """
         k = max(k_rows, default=0)
+        if all(greedy_rows):  # greedy rows draw nothing: no per-row work on the hot path
+            return (torch.zeros(len(k_rows), k, dtype=torch.float64, device=self.device),
+                    torch.zeros(len(k_rows), k + 1, dtype=torch.float64, device=self.device))
         counts = [0 if g else 2 * n + 1 for n, g in zip(k_rows, greedy_rows)]
         u = self.uniforms(counts)
         u_draft = torch.zeros(len(k_rows), k, dtype=u.dtype, device=self.device)
