@@ -9,6 +9,7 @@ forwards without any cache, transformers' own warpers):
 """
 
 import functools
+import random
 
 import pytest
 import torch
@@ -178,12 +179,49 @@ def test_rows_with_different_settings_in_one_batch_each_follow_their_own_target(
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["leviathan", "chen"])
 def test_adaptive_k_keeps_the_target_distribution(pair, method):
-    """K chosen by the policy before each step (from past acceptance and timings) keeps the output exact."""
+    """K chosen by the policy before each step (from past acceptance and timings) keeps the output exact.
+
+    Unseeded rows: these go through the rejection sampler (seeded ones are coupled, tested below)."""
     target, draft = pair
     generator = SpeculativeGenerator(target, draft, num_speculative_tokens="auto", method=method)
-    per_prompt, stats = sample_batched(generator, 6, 0.9, 0, 1.0, prompts=PROMPTS)
+    per_prompt, stats = sample_batched(generator, 6, 0.9, 0, 1.0, prompts=PROMPTS, seed=None)
+    assert 0.05 < stats.acceptance_rate < 0.98
     for prompt, tokens in zip(PROMPTS, per_prompt):
         check_against_target(target, prompt, tokens, 0.9, 0, 1.0)
+
+
+def _random_k(monkeypatch, seed):
+    from specdecode.policy import AdaptivePolicy
+
+    rng = random.Random(seed)
+    monkeypatch.setattr(AdaptivePolicy, "choose", lambda self, rows, caps: rng.randint(0, max(caps)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 5, 0.85)])
+def test_seeded_rows_under_auto_follow_target_whatever_k(pair, monkeypatch, temperature, top_k, top_p):
+    """Seeded rows under "auto" are drawn by Gumbel-max coupling; any K per step (here random) keeps them exact."""
+    _random_k(monkeypatch, 0)
+    target, draft = pair
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens="auto")
+    per_prompt, stats = sample_batched(generator, 6, temperature, top_k, top_p, prompts=PROMPTS)
+    assert 0.05 < stats.acceptance_rate < 0.98 and stats.accepted_per_position[2] > 0
+    for prompt, tokens in zip(PROMPTS, per_prompt):
+        check_against_target(target, prompt, tokens, temperature, top_k, top_p)
+
+
+@pytest.mark.slow
+def test_the_check_catches_coupling_that_reuses_its_noise(pair, monkeypatch):
+    """Power: noise drawn per step and reused (the reseed-per-step bug) instead of one vector per position."""
+    from specdecode.sampling import RowGenerators
+
+    _random_k(monkeypatch, 1)
+    monkeypatch.setattr(RowGenerators, "advance", lambda self, emitted: None)
+    target, draft = pair
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens="auto")
+    per_prompt, _ = sample_batched(generator, 4, 1.0, 0, 1.0)
+    with pytest.raises(AssertionError, match="chi-square"):
+        check_against_target(target, PROMPTS[0], per_prompt[0], 1.0, 0, 1.0)
 
 
 @pytest.mark.slow

@@ -48,7 +48,8 @@ class _Row:
     index: int
     request: Request
     detok: IncrementalDetokenizer | None
-    fixed_k: int | None  # a K the policy may not change for this row (seeded sampling under "auto")
+    fixed_k: int | None  # a K the policy may not change for this row (the request's own)
+    coupled: bool  # drawn by Gumbel-max coupling: a seeded sampled row whose K the policy picks
     policy_state: object
     tokens: list[int] = field(default_factory=list)
     provenance: list[str] = field(default_factory=list)
@@ -111,7 +112,6 @@ class SpeculativeGenerator:
     """
 
     provenance_of_last = ("resampled", "bonus")
-    seeded_k = 3  # under "auto", seeded sampled rows use this fixed K: timing-driven choices are not reproducible
 
     def __init__(self, target, draft, num_speculative_tokens: int | str = "auto", method: str = "leviathan",
                  tokenizer=None, vocab_size: int | None = None, max_speculative_tokens: int = 8,
@@ -303,10 +303,11 @@ class DecodingSession:
         """Queue a request; returns its row id (TokenEvent.row of its tokens). It joins at the next step."""
         index = len(self.rows)
         fixed_k = request.num_speculative_tokens
-        if fixed_k is None and self.adaptive and request.seed is not None and not request.params.greedy:
-            fixed_k = min(self.gen.seeded_k, self.policy.max_k)
+        # The policy's K follows timings, which no seed reproduces: a seeded row it serves is drawn by coupling,
+        # whose text does not depend on K (sampling.BatchSampling), so the seed alone fixes it.
+        coupled = fixed_k is None and self.adaptive and request.seed is not None and not request.params.greedy
         tok = self.gen.tokenizer
-        row = _Row(index, request, IncrementalDetokenizer(tok, request.prompt) if tok else None, fixed_k,
+        row = _Row(index, request, IncrementalDetokenizer(tok, request.prompt) if tok else None, fixed_k, coupled,
                    self.policy.new_row())
         self.rows[index] = row
         self.waiting.append(row)
@@ -319,12 +320,24 @@ class DecodingSession:
         self.cancelled.add(index)
 
     def step(self) -> list[TokenEvent]:
+        """One iteration: admit() then decode(); the events of both."""
+        return self.admit() + self.decode()
+
+    def admit(self) -> list[TokenEvent]:
+        """The first half of a step: prefill (a chunk of) the queued prompts; rows whose prompt is done join the
+        batch with their first token, whose events are returned now (a server sends them before the decode)."""
         if self._started is None:
             self._started = time.perf_counter()
         self.steps += 1
         events = self._admit()
-        if self.active:
-            events += self._decode_step()
+        self.stats.wall_time_s = time.perf_counter() - self._started
+        return events
+
+    def decode(self) -> list[TokenEvent]:
+        """The second half of a step: one speculative step for every running row."""
+        if self._started is None:
+            self._started = time.perf_counter()
+        events = self._decode_step() if self.active else []
         self.stats.wall_time_s = time.perf_counter() - self._started
         return events
 
@@ -357,10 +370,13 @@ class DecodingSession:
             self.stats.prefill_time_s += time.perf_counter() - start
             return []
         self._staging = None
-        sampling = BatchSampling([r.request.params for r in rows], self.device)
-        generators = RowGenerators([r.request.seed for r in rows], self.device)
-        u = generators.uniforms([0 if g else 1 for g in sampling.greedy_rows])
+        coupled = [r.coupled for r in rows]
+        sampling = BatchSampling([r.request.params for r in rows], self.device, coupled)
+        generators = RowGenerators([r.request.seed for r in rows], self.device, coupled)
+        u = generators.uniforms([0 if g or c else 1 for g, c in zip(sampling.greedy_rows, coupled)])
+        sampling.noise = generators.noise(1, logits.shape[-1])
         first = _verify(ids[:, :0], None, logits[:, -1:], sampling, u, [0] * len(rows), self.gen.method)[1].tolist()
+        generators.advance([1] * len(rows))
         drafter = None
         if self.drafter is not None:
             drafter = self.drafter.fork(len(rows))
@@ -382,7 +398,7 @@ class DecodingSession:
                 self.drafter.merge(drafter)
             generators.select(keep)
             self.generators.extend(generators)
-            self.sampling = BatchSampling(self.sampling.params + [rows[i].request.params for i in keep], self.device)
+            self.sampling = self.sampling.extend(sampling.select(keep))
             self.active += [rows[i] for i in keep]
         self.stats.prefill_time_s += time.perf_counter() - start
         return events
@@ -396,6 +412,8 @@ class DecodingSession:
         last = torch.tensor([[r.tokens[-1]] for r in active], dtype=torch.long, device=self.device)
         lengths = self.target.lengths
         u_draft, u_verify = self.generators.step_uniforms(k_rows, sampling.greedy_rows)
+        if sampling.any_coupled:
+            sampling.noise = self.generators.noise(k + 1, self.target.vocab_size)
         if k > 0:
             calls = self.drafter.forward_calls
             drafts, q = self.drafter.propose(k, sampling, u_draft, k_rows)
@@ -410,6 +428,7 @@ class DecodingSession:
         drafts_l, accepted_l, next_l = drafts.tolist(), num_accepted.tolist(), next_token.tolist()  # the one sync
         t2 = t2 if self.gen.timing else time.perf_counter()
         self.target.trim([n + 1 + a for n, a in zip(lengths, accepted_l)])
+        self.generators.advance([a + 1 for a in accepted_l])
         if self.drafter is not None:
             self.drafter.update(drafts_l, accepted_l, next_l, **({"hidden": hidden} if self.hidden_wanted else {}))
         self._observe(k, k_rows, accepted_l, t1 - t0, t2 - t1)
@@ -521,20 +540,31 @@ def _forward(backend, ids, valid, hidden_wanted: bool, last_only: bool = False):
 
 
 def _verify(drafts, q, logits, sampling: BatchSampling, u, k_rows: list[int], method: str):
-    """(num_accepted, next_token) per row: greedy rows by argmax, sampled rows by the rejection sampler."""
+    """(num_accepted, next_token) per row: greedy rows by argmax, sampled rows by the rejection sampler, coupled
+    rows by the argmax of their warped logits plus their positions' noise (a greedy check on perturbed scores)."""
     if sampling.all_greedy:
         return verify_greedy(drafts, logits, k_rows)
     s = sampling.sampled_index
     k_rows = torch.tensor(k_rows, device=logits.device)
-    accepted, tokens = verify(drafts[s], q, sampling.probs(logits), u[s], method, k_rows[s])
-    if not sampling.any_greedy:
-        return accepted, tokens
-    g = sampling.greedy_index
-    g_accepted, g_tokens = verify_greedy(drafts[g], logits[g], k_rows[g])
+    if not sampling.any_coupled:
+        accepted, tokens = verify(drafts[s], q, sampling.probs(logits), u[s], method, k_rows[s])
+        if not sampling.any_greedy:
+            return accepted, tokens
+        parts = [(s, accepted, tokens)]
+    else:
+        scores = sampling.warp(logits)
+        r, c = sampling.rejection_pos, sampling.coupled_pos
+        parts = [(s[c], *verify_greedy(drafts[s[c]], scores[c].double() + sampling.noise, k_rows[s[c]]))]
+        if len(r):
+            parts.append((s[r], *verify(drafts[s[r]], None if q is None else q[r], torch.softmax(scores[r], dim=-1),
+                                        u[s[r]], method, k_rows[s[r]])))
+    if sampling.any_greedy:
+        g = sampling.greedy_index
+        parts.append((g, *verify_greedy(drafts[g], logits[g], k_rows[g])))
     num_accepted = torch.empty(len(sampling), dtype=torch.long, device=logits.device)
     next_token = torch.empty_like(num_accepted)
-    num_accepted[s], next_token[s] = accepted, tokens
-    num_accepted[g], next_token[g] = g_accepted, g_tokens
+    for rows, accepted, tokens in parts:
+        num_accepted[rows], next_token[rows] = accepted, tokens
     return num_accepted, next_token
 
 

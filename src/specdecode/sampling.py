@@ -80,12 +80,25 @@ class BatchSampling:
     """The sampling settings of each row of a batch, as tensors, so one warp serves rows with different settings.
 
     Rows with temperature 0 are greedy: they take the argmax of the raw logits and never draw random numbers.
+    A sampled row may be *coupled* (`coupled[b]`): it then draws each token by the Gumbel-max trick with noise
+    that belongs to its output position, not to the step, so its text depends on its seed alone, never on how
+    many drafts a step proposed or which drafter proposed them (Daliri et al. 2024, "drafter-invariant
+    speculative decoding"). That is what lets the speculation policy pick K from timings for a seeded row.
+    The loop puts the step's noise of the coupled rows in `noise` [C, K+1, V] before drafting.
     """
 
-    def __init__(self, params: list[SamplingParams], device=None):
+    def __init__(self, params: list[SamplingParams], device=None, coupled: list[bool] | None = None):
         self.params = list(params)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.greedy_rows = [p.greedy for p in self.params]
+        self.coupled = [bool(c) and not p.greedy for p, c in zip(self.params, coupled or [False] * len(self.params))]
+        self.any_coupled = any(self.coupled)
+        flags = [c for c, g in zip(self.coupled, self.greedy_rows) if not g]  # over the sampled rows
+        # Positions, among the sampled rows, of the coupled rows and of those the rejection sampler serves.
+        self.coupled_pos = torch.tensor([i for i, c in enumerate(flags) if c], dtype=torch.long, device=self.device)
+        self.rejection_pos = torch.tensor([i for i, c in enumerate(flags) if not c], dtype=torch.long,
+                                          device=self.device)
+        self.noise: torch.Tensor | None = None
         self.all_greedy = all(self.greedy_rows)
         self.any_greedy = any(self.greedy_rows)
         sampled = [p for p in self.params if not p.greedy]
@@ -105,7 +118,19 @@ class BatchSampling:
         return len(self.params)
 
     def select(self, rows: list[int]) -> "BatchSampling":
-        return BatchSampling([self.params[r] for r in rows], self.device)
+        return BatchSampling([self.params[r] for r in rows], self.device, [self.coupled[r] for r in rows])
+
+    def extend(self, other: "BatchSampling") -> "BatchSampling":
+        return BatchSampling(self.params + other.params, self.device, self.coupled + other.coupled)
+
+    def couple_drafts(self, tokens: torch.Tensor, q: torch.Tensor, i: int) -> None:
+        """Overwrite the coupled rows' draft tokens [B] at draft position i by argmax(log q + noise) (in place).
+
+        q [S, V]: the sampled rows' draft distributions at that position. The target side takes
+        argmax(log p + the same noise): the draft is kept exactly when the two agree."""
+        if self.any_coupled:
+            c = self.coupled_pos
+            tokens[self.sampled_index[c]] = coupled_choice(torch.log(q[c]), self.noise[:, i])
 
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
         """Warped scores [S, ..., V] of the sampled rows (logits [B, ..., V] of all rows); float32.
@@ -144,11 +169,14 @@ class RowGenerators:
     """One random stream per row, so that a row's tokens never depend on which other rows share its batch.
 
     Row seeds are given per row (None: a fresh random seed). Each step a row draws its uniforms in one call, and
-    how many it draws depends only on its own K, never on the other rows.
+    how many it draws depends only on its own K, never on the other rows. A coupled row (see BatchSampling) draws
+    no uniforms: its stream gives one Gumbel noise vector per output position, in order, kept until used.
     """
 
-    def __init__(self, seeds: list[int | None], device=None):
+    def __init__(self, seeds: list[int | None], device=None, coupled: list[bool] | None = None):
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.coupled = [bool(c) for c in (coupled or [False] * len(seeds))]
+        self.pending: list[list[torch.Tensor]] = [[] for _ in seeds]  # coupled rows' noise for coming positions
         self.generators = []
         for seed in seeds:
             g = torch.Generator(device=self.device)
@@ -163,21 +191,46 @@ class RowGenerators:
 
     def select(self, rows: list[int]) -> None:
         self.generators = [self.generators[r] for r in rows]
+        self.coupled = [self.coupled[r] for r in rows]
+        self.pending = [self.pending[r] for r in rows]
 
     def extend(self, other: "RowGenerators") -> None:
         self.generators += other.generators
+        self.coupled += other.coupled
+        self.pending += other.pending
+
+    def noise(self, positions: int, vocab: int) -> torch.Tensor | None:
+        """Gumbel noise [C, positions, V] (float64) of the coupled rows' next output positions; None if none.
+
+        Position j of a row is always the j-th vector its stream produced, however the steps were cut."""
+        rows = [b for b, c in enumerate(self.coupled) if c]
+        if not rows:
+            return None
+        for b in rows:
+            while len(self.pending[b]) < positions:
+                u = torch.rand(vocab, generator=self.generators[b], device=self.device, dtype=torch.float64)
+                # -log(-log u) is Gumbel(0, 1); u == 0 gives -inf, a token that is never chosen (probability 2^-53)
+                self.pending[b].append(-torch.log(-torch.log(u)))
+        return torch.stack([torch.stack(self.pending[b][:positions]) for b in rows])
+
+    def advance(self, emitted: list[int]) -> None:
+        """Row b emitted emitted[b] tokens: its noise for those positions is used up."""
+        for b, n in enumerate(emitted):
+            if self.coupled[b]:
+                del self.pending[b][:n]
 
     def step_uniforms(self, k_rows: list[int], greedy_rows: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
         """One speculative step's randomness: (for the drafts [B, K], for the verification [B, K+1]).
 
         A sampled row with k drafts draws 2k + 1 uniforms in one call: k to sample its drafts, k to accept them,
-        one for the token after them (u_verify[:, K]). Greedy rows draw nothing.
+        one for the token after them (u_verify[:, K]). Greedy and coupled rows draw nothing.
         """
         k = max(k_rows, default=0)
-        if all(greedy_rows):  # greedy rows draw nothing: no per-row work on the hot path
+        silent = [g or c for g, c in zip(greedy_rows, self.coupled)]  # rows that draw no uniforms
+        if all(silent):  # no per-row work on the hot path
             return (torch.zeros(len(k_rows), k, dtype=torch.float64, device=self.device),
                     torch.zeros(len(k_rows), k + 1, dtype=torch.float64, device=self.device))
-        counts = [0 if g else 2 * n + 1 for n, g in zip(k_rows, greedy_rows)]
+        counts = [0 if s else 2 * n + 1 for n, s in zip(k_rows, silent)]
         u = self.uniforms(counts)
         u_draft = torch.zeros(len(k_rows), k, dtype=u.dtype, device=self.device)
         u_verify = torch.zeros(len(k_rows), k + 1, dtype=u.dtype, device=self.device)
@@ -211,3 +264,10 @@ def sample_with_uniforms(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     # u * total can round up to total: fall back to the last token of positive probability
     last_positive = (probs > 0).long().cumsum(-1).argmax(-1)
     return torch.minimum(token, last_positive)
+
+
+def coupled_choice(log_probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """The Gumbel-max draw argmax(log p + g) over the last dim: exactly a sample of p when g is Gumbel(0, 1) noise.
+
+    Any scores equal to log p up to a constant per distribution (warped logits) give the same token."""
+    return torch.argmax(log_probs.double() + noise, dim=-1)

@@ -28,7 +28,9 @@ class Drafter(Protocol):
         target's (`sampling.probs`). A drafter that proposes deterministically returns q=None: the rejection step
         then treats its drafts as one-hot proposals, exactly, without a dense tensor. Greedy rows take argmaxes.
         uniforms [B, k]: row b's own random numbers for its first num_drafts[b] drafts; drafts past
-        num_drafts[b] are ignored by the verification and must not use randomness.
+        num_drafts[b] are ignored by the verification and must not use randomness. Rows that `sampling` marks as
+        coupled draw argmax(log q + noise) instead (`sampling.couple_drafts`); a drafter that skips this stays exact,
+        it only gets fewer of those rows' drafts accepted.
         """
 
     def update(self, drafts: list[list[int]], num_accepted: list[int], next_tokens: list[int]) -> None:

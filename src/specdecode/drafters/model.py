@@ -58,6 +58,7 @@ class ModelDrafter:
             if not sampling.all_greedy:
                 q = sampling.probs(logits)
                 token[sampled] = sample_with_uniforms(q, uniforms[sampled, i])
+                sampling.couple_drafts(token, q, i)
                 probs.append(q)
             tokens.append(token)
             ids, valid = token.unsqueeze(1), None

@@ -248,13 +248,15 @@ class Batcher:
             if self.session.idle:
                 continue
             try:
-                events = self.session.step()
+                # First tokens of joining rows go out before the running rows' step: one step less of TTFT.
+                admitted = self.session.admit()
+                self._route(admitted, step=False)
+                self._route(self.session.decode(), first_tokens=len(admitted))
             except Exception as exc:  # never let the worker die: fail the batch, start a fresh session
                 log.exception("engine step failed")
                 self._fail_running(exc)
                 self.session = self._new_session()
                 continue
-            self._route(events)
 
     def _new_session(self):
         return self.generator.session(prefill_tokens_per_step=self.prefill_tokens_per_step,
@@ -300,11 +302,13 @@ class Batcher:
                 self._owner.pop(row, None)
             self._finish(job, Failed(Cancelled(job.cancel_reason or "shutdown")))
 
-    def _route(self, events) -> None:
+    def _route(self, events, step: bool = True, first_tokens: int = 0) -> None:
+        """Hand events to their jobs; step=False for the first tokens of joining rows (counted with the decode step
+        that follows: first_tokens)."""
         now = time.monotonic()
         counts = collections.Counter(e.row for e in events)
         rows_now = len(counts)  # every row that ran this step got a token (rows that finished in it included)
-        for job in self._running:
+        for job in self._running if step else ():
             job.peak_rows = max(job.peak_rows, rows_now)
         for event in events:
             owner = self._owner.get(event.row)
@@ -318,8 +322,8 @@ class Batcher:
                 job.open_rows -= 1
                 if job.open_rows == 0:
                     self._finish(job, self._done(job, now))
-        if self.metrics is not None:
-            self.metrics.observe_step(rows_now, len(events), now)
+        if self.metrics is not None and step:
+            self.metrics.observe_step(rows_now, len(events) + first_tokens, now)
 
     def _observe_token(self, job: Job, row: int, now: float, tokens_this_step: int) -> None:
         if self.metrics is None:
