@@ -19,11 +19,11 @@ PROMPTS = ["def quicksort(arr):", "The quick brown fox", "import numpy as np\nfo
            "Once upon a time there was a small model", "class Model:\n    pass\n"]
 
 
-def _server(tiny_pair, tokenizer, join_running: bool = True, **settings) -> LiveServer:
+def _server(tiny_pair, tokenizer, **settings) -> LiveServer:
+    """static_batching=True: new requests wait until the running batch is done (what continuous batching replaced)."""
     defaults = dict(max_batch_size=8, max_queue=200, max_tokens_limit=128, request_timeout=120)
     app = create_app(make_generator(tiny_pair, tokenizer), MODEL, tokenizer, ServerSettings(**{**defaults,
                                                                                                 **settings}))
-    app.state.batcher.join_running = join_running  # False: new requests wait until the running batch is done
     return LiveServer(app).start()
 
 
@@ -73,12 +73,14 @@ def test_cli_writes_json_and_a_figure(tiny_pair, tokenizer, tmp_path):
 
 
 def test_continuous_batching_cuts_tail_ttft_without_losing_throughput(tiny_pair, tokenizer):
-    """Poisson arrivals: requests that join the running batch start at once; waiting for the batch to drain (the
-    static batching it replaces) makes them queue behind whole generations."""
-    load = dict(prompts=PROMPTS, num_requests=40, rate=10.0, max_tokens=40, seed=3)
+    """Poisson arrivals: requests that join the running batch get their first token after one prefill; waiting for
+    the batch to drain (the static batching it replaces, --static-batching) makes them queue behind whole
+    generations (the issue's case: 128-token requests that hold the engine)."""
+    load = dict(prompts=PROMPTS, num_requests=40, rate=10.0, max_tokens=128, seed=3)
     reports = {}
     for name, join in (("continuous", True), ("wait-for-batch", False)):
-        with _server(tiny_pair, tokenizer, join_running=join) as srv:
+        with _server(tiny_pair, tokenizer, static_batching=not join) as srv:
+            assert srv.app.state.batcher.join_running is join
             reports[name] = bench_serve(ServeBenchSettings(url=srv.url, **load))
     cont, base = reports["continuous"], reports["wait-for-batch"]
     assert cont["succeeded"] == base["succeeded"] == 40

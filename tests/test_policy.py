@@ -285,3 +285,68 @@ def test_summary_is_json(policy):
     assert summary["mean_k"] == pytest.approx(sum(k * n for k, n in hist.items()) / 100)
     assert len(summary["acceptance"]) == policy.max_k and 0.6 < summary["acceptance"][0] < 0.95
     assert summary["costs"]["2"]["verify_s"]
+
+
+def test_a_catch_up_is_not_a_draft_step():
+    """draft_seconds=None (the draft first fed the tokens of many plain steps): the draft cost keeps its estimate,
+    and a probe is judged at that steady cost, not at the one-off catch-up."""
+    policy = AdaptivePolicy(8)
+    rows = [policy.new_row()]
+    policy.observe(rows, 0, [0], 1, 0.0, 0.10)
+    policy.observe(rows, 2, [2], 1, 0.02, 0.12)  # drafts at 10 ms
+    policy.observe(rows, 3, [3], 1, None, 0.13)  # 3 drafts after a 2 s catch-up: not a cost sample
+    assert policy.draft_cost(1) == pytest.approx(0.01)
+    policy._probing = True  # a probe that kept all its drafts pays at the steady cost, whatever the catch-up took
+    policy.observe(rows, 3, [3], 1, None, 0.13)
+    assert policy._plain_run == policy._wait
+    with pytest.raises(ValueError):
+        policy.observe(rows, 2, [1], 1, -1.0, 0.1)
+
+
+def test_the_engine_does_not_learn_a_draft_cost_from_a_catch_up(tiny_pair, monkeypatch):
+    """A draft that is behind (its prompt, or plain steps' tokens) first catches up: that time is not drafting.
+
+    When every row is behind the model drafter feeds the backlog in a forward of its own, timed apart; otherwise
+    (a drafter that fed it with its drafts) the step's draft time is not learned at all."""
+    from specdecode import PromptLookupDrafter, SpeculativeGenerator
+
+    target, draft = tiny_pair
+    seen = []
+    real = FixedPolicy.observe
+
+    def spy(self, rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted=None):
+        drafter = getattr(gen, "drafter", None)
+        seen.append((k, draft_seconds, getattr(drafter, "catch_up", None), getattr(drafter, "catch_up_s", None),
+                     getattr(drafter, "forward_calls", None)))
+        return real(self, rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted)
+
+    monkeypatch.setattr(FixedPolicy, "observe", spy)
+    gen = SpeculativeGenerator(target, draft, num_speculative_tokens=2)
+    calls = gen.drafter.forward_calls
+    gen.generate([list(range(1, 40))], max_new_tokens=4, ignore_eos=True)
+    k, draft_s, catch_up, catch_up_s, forwards = seen[0]
+    assert catch_up == 40 and catch_up_s > 0  # the prompt and the first token, fed apart
+    assert forwards - calls == 3  # the backlog, then two drafts
+    assert k == 2 and 0 <= draft_s
+
+    class BehindDrafter(PromptLookupDrafter):
+        catch_up, catch_up_s = 9, 0.0  # fed a backlog with its drafts
+
+    seen.clear()
+    SpeculativeGenerator(target, BehindDrafter(), num_speculative_tokens=2).generate(
+        [[1, 2, 3, 1, 2, 3, 1, 2]], max_new_tokens=6, ignore_eos=True)
+    assert seen and all(s is None for k, s, *_ in seen if k)
+
+
+def test_no_probes_where_no_draft_could_pay():
+    """A draft nearly as slow as the target and a linear verification (an AMD EPYC on llama.cpp: c ~ 0.5,
+    v(n) ~ n): even a draft that agreed 95 % of the time would lose, so once the costs are measured the policy
+    stops probing (each probe would make the draft catch up on every token since it last ran)."""
+    v = curve({1: 1.0, 2: 1.7, 3: 2.4, 4: 3.0, 9: 6.0})
+    policy = AdaptivePolicy(8)
+    _, ks = simulate(policy, 1500, v, 0.5, 0.9)
+    assert sum(k > 0 for k in ks[200:]) == 0
+    # the same policy on a machine where a good draft could pay keeps probing (and speculates at alpha 0.9)
+    cheap = curve({1: 1.0, 2: 1.2, 3: 1.3, 4: 1.4, 9: 2.6})
+    _, ks = simulate(AdaptivePolicy(8), 1500, cheap, 0.3, 0.0)
+    assert sum(k > 0 for k in ks[200:]) >= 3

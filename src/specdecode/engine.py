@@ -26,6 +26,7 @@ from .sampling import BatchSampling, RowGenerators, SamplingParams
 from .vocab import shared_vocab_size
 
 Prompts = str | Sequence[str] | Sequence[Sequence[int]]
+CLEAN_CATCH_UP = 2  # tokens a drafter feeds before drafting in steady speculation (the bonus step's last draft too)
 
 
 @dataclass
@@ -418,9 +419,11 @@ class DecodingSession:
             calls = self.drafter.forward_calls
             drafts, q = self.drafter.propose(k, sampling, u_draft, k_rows)
             drafts = drafts.to(self.device)
+            catch_up_s = getattr(self.drafter, "catch_up_s", 0.0)
+            mixed = not catch_up_s and getattr(self.drafter, "catch_up", 0) > CLEAN_CATCH_UP
             self.stats.draft_forward_calls += self.drafter.forward_calls - calls
         else:
-            drafts, q = last[:, :0], None
+            drafts, q, catch_up_s, mixed = last[:, :0], None, 0.0, False
         t1 = self._clock()
         logits, hidden = _forward(self.target, torch.cat([last, drafts], dim=1), None, self.hidden_wanted)
         num_accepted, next_token = _verify(drafts, q, logits, sampling, u_verify, k_rows, self.gen.method)
@@ -431,7 +434,7 @@ class DecodingSession:
         self.generators.advance([a + 1 for a in accepted_l])
         if self.drafter is not None:
             self.drafter.update(drafts_l, accepted_l, next_l, **({"hidden": hidden} if self.hidden_wanted else {}))
-        self._observe(k, k_rows, accepted_l, t1 - t0, t2 - t1)
+        self._observe(k, k_rows, accepted_l, None if mixed else t1 - t0 - catch_up_s, t2 - t1)
 
         self.stats.add_verification(k_rows, accepted_l)
         events = []
@@ -445,8 +448,10 @@ class DecodingSession:
         self.stats.other_time_s += time.perf_counter() - t2
         return events
 
-    def _observe(self, k: int, k_rows: list[int], accepted: list[int], draft_s: float, verify_s: float) -> None:
-        """Tell the policy what its rows did; a step widened by a row with a fixed K taught it nothing it asked."""
+    def _observe(self, k: int, k_rows: list[int], accepted: list[int], draft_s: float | None,
+                 verify_s: float) -> None:
+        """Tell the policy what its rows did; a step widened by a row with a fixed K taught it nothing it asked.
+        draft_s None: the drafter caught up on many tokens with its drafts, so the time is not a draft step's."""
         mine = [i for i, r in enumerate(self.active) if r.fixed_k is None]
         if not mine or max((k_rows[i] for i in mine), default=0) < k:
             return

@@ -32,8 +32,10 @@ clipped to twice the estimate before the moving average takes it).
 Losslessness. K (and each row's cap) is a function of what is known before the step's drafts are drawn: past
 acceptance and past timings. Given the prefix, every token a step emits has the target's distribution whatever K
 was fixed beforehand, so any such rule keeps the output distribution exact; the policy never sees the current
-step's drafts or target output. Timings are not reproducible, so adaptive K is not seed-reproducible: seeded
-sampled rows use FixedPolicy, which has the same interface.
+step's drafts or target output. Timings are not reproducible, so the loop draws seeded sampled rows under this
+policy by Gumbel-max coupling (sampling.BatchSampling), whose output does not depend on K: their text stays a
+function of the seed. A probe's drafting often begins with the draft catching up on the plain steps' tokens; that
+one-off time is not a draft step's cost, and the loop reports it as None.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ COST_CLIP = 2.0            # ... each clipped to 2x the estimate, so one stall (
 WARM_SAMPLES = 2           # the first timings of a shape may include a warm-up: keep their minimum, and count a
                            # K as untried (worth exploring) until it has this many
 PROBE_FIRST, PROBE_MAX = 8, 256
+CEILING_ACCEPTANCE = 0.95  # the best acceptance a probe could find; if even that cannot pay, probing is waste
 
 
 class RowState:
@@ -130,16 +133,19 @@ class Policy(ABC):
 
     # ------------------------------------------------------------------ after a step
     def observe(self, rows: list[RowState], k: int, accepted: list[int], batch_size: int,
-                draft_seconds: float, verify_seconds: float, drafted: list[int] | None = None) -> None:
+                draft_seconds: float | None, verify_seconds: float, drafted: list[int] | None = None) -> None:
         """Record a step: k drafts (0 = plain step), accepted[b] of row b's drafts kept, its timings.
 
-        drafted[b] is how many drafts row b got; by default min(k, the cap choose() was given for it)."""
+        drafted[b] is how many drafts row b got; by default min(k, the cap choose() was given for it).
+        draft_seconds None: the drafting time was not a clean sample (the draft first caught up on the tokens of
+        plain steps, a one-off cost): the draft cost is not updated from it."""
         drafted = self._drafted(rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted)
         self._histogram[k] = self._histogram.get(k, 0) + 1
         self._verify.setdefault(batch_size, {}).setdefault(k + 1, _Cost()).add(verify_seconds)
         if k == 0:
             return
-        self._draft.setdefault(batch_size, _Cost()).add(draft_seconds / k)
+        if draft_seconds is not None:
+            self._draft.setdefault(batch_size, _Cost()).add(draft_seconds / k)
         _scale([self.accepted, self.seen], self.decay)  # the batch decays once per step, not once per row
         for row, n, kept in zip(rows, drafted, accepted):
             if n:
@@ -152,7 +158,7 @@ class Policy(ABC):
         if not 0 <= k <= self.max_k or len(accepted) != len(rows) or len(drafted or rows) != len(rows):
             raise ValueError(f"observe() got k={k} (max_k={self.max_k}) and {len(rows)} rows, {len(accepted)} "
                              f"accepted counts: pass one count per row and a k in 0..max_k")
-        if batch_size < 1 or draft_seconds < 0 or verify_seconds < 0:
+        if batch_size < 1 or (draft_seconds is not None and draft_seconds < 0) or verify_seconds < 0:
             raise ValueError("observe() needs batch_size >= 1 and non-negative timings")
         if drafted is None:
             drafted = [k if row.cap is None else min(k, row.cap) for row in rows]
@@ -279,12 +285,26 @@ class AdaptivePolicy(Policy):
         if best > 0:
             self._plain_run, self._wait = 0, PROBE_FIRST
             return best
+        if not self._could_pay(caps, batch, rates[0]):
+            return 0  # no text could make a draft pay at these costs: probes would be pure loss
         self._plain_run += 1
         if self._plain_run < self._wait:
             return 0
         self._plain_run, self._probing = 0, True
         self.probes += 1
         return max(range(1, top + 1), key=rates.__getitem__)  # the K most likely to pay
+
+    def _could_pay(self, caps: list[int], batch_size: int, plain_rate: float) -> bool:
+        """Whether some K could beat plain steps if the draft agreed as well as drafts ever do (CEILING_ACCEPTANCE
+        at every position), at the estimated costs. Where it could not, as with a draft nearly as slow as the target,
+        probing only costs: each probe makes the draft catch up on every token since it last ran. (Untimed K are
+        still explored above, at their lower-bound cost, so a pessimistic estimate here is corrected.)"""
+        a = CEILING_ACCEPTANCE
+        for k in range(1, max(caps, default=0) + 1):
+            tokens = sum((1 - a ** (min(k, cap) + 1)) / (1 - a) for cap in caps)
+            if tokens / self.step_time(k, batch_size) > plain_rate * (1 + self.margin):
+                return True
+        return False
 
     def _optimistic_time(self, k: int, batch_size: int) -> float:
         """A lower bound on a step whose forward of n = k+1 tokens is unmeasured: no cheaper than a shorter
@@ -297,7 +317,9 @@ class AdaptivePolicy(Policy):
     def observe(self, rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted=None) -> None:
         self._drafted(rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted)
         probing, self._probing = self._probing, False
-        paid = probing and (len(rows) + sum(accepted)) / max(draft_seconds + verify_seconds, 1e-12) > \
+        # A probe's drafting often begins by catching up on the plain steps' tokens: judge it at the steady cost.
+        drafting = k * self.draft_cost(batch_size) if draft_seconds is None else draft_seconds
+        paid = probing and (len(rows) + sum(accepted)) / max(drafting + verify_seconds, 1e-12) > \
             len(rows) / self.verify_cost(1, batch_size)
         if paid:  # the text has changed since the evidence that stopped speculation: let the probe outweigh it
             _scale([self.accepted, self.seen] + [c for r in rows for c in (r.accepted, r.seen)], self.probe_forget)

@@ -27,6 +27,9 @@ def serve(
     prefill_tokens_per_step: int = typer.Option(256, "--prefill-tokens-per-step", help="Prompt tokens prefilled "
                                                 "per engine step: long prompts join in chunks, so the running rows "
                                                 "keep decoding meanwhile (0: whole prompts at once)."),
+    static_batching: bool = typer.Option(False, "--static-batching", help="Admit new requests only when the "
+                                         "running batch has finished (static batching, what continuous batching "
+                                         "replaced): for before/after comparisons with `bench serve`."),
     max_tokens_limit: int = typer.Option(2048, "--max-tokens-limit", help="Largest max_tokens a request may ask."),
     request_timeout: float = typer.Option(120.0, "--request-timeout", help="Seconds a request may take, queue "
                                           "included, before it is cancelled and answered 504."),
@@ -80,7 +83,8 @@ def serve(
                                   max_tokens_limit=max_tokens_limit, request_timeout=request_timeout,
                                   api_key=api_key or None, served_model_names=tuple(served_model_name or ()),
                                   draft_name=_display_name(draft) if opts.has_draft else None,
-                                  prefill_tokens_per_step=prefill_tokens_per_step or None)
+                                  prefill_tokens_per_step=prefill_tokens_per_step or None,
+                                  static_batching=static_batching)
         if ray:
             _serve_with_ray(opts, settings, host, port, ray_address, ray_num_cpus, replicas, scale)
             return

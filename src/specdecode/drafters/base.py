@@ -11,6 +11,10 @@ from ..sampling import BatchSampling
 
 class Drafter(Protocol):
     forward_calls: int  # model forwards spent drafting (0 for a drafter with no model)
+    # Optional: `catch_up`, the tokens the last propose() had to feed before drafting (the prompt, or what plain
+    # steps emitted), and `catch_up_s`, the seconds of a forward that fed them apart (0: none). The loop times
+    # drafting without that forward; if the catch-up was fed with the drafts (catch_up > 2 and catch_up_s 0) the
+    # step's draft time is not a draft step's cost and the policy does not learn from it.
     # Optional: `needs_hidden_states = True` makes the loop ask the target for its last hidden states and hand
     # them to prefill() and update() (EAGLE/Medusa-style heads); off by default, and then free.
 

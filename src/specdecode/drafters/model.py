@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..backends.base import ModelBackend, pad
@@ -24,6 +26,8 @@ class ModelDrafter:
         self._pending: list[list[int]] = []
         self._fed: list[int] = []  # cache length per row before the last proposal
         self._proposed = 0
+        self.catch_up = 0  # tokens the last proposal had to feed for its longest row (normally 1 or 2) ...
+        self.catch_up_s = 0.0  # ... and the seconds of a forward of their own, when every row was behind
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None) -> None:
         # Lazily: the prompts wait with the other pending tokens and are fed by the first proposal, so a batch
@@ -46,6 +50,16 @@ class ModelDrafter:
         return [k] * len(self._pending)
 
     def propose(self, k: int, sampling: BatchSampling, uniforms, num_drafts):
+        self.catch_up, self.catch_up_s = max(map(len, self._pending), default=0), 0.0
+        if self.catch_up > 2 and min(map(len, self._pending)) >= 2:
+            # Every row is behind (plain steps since the last proposal): feed all but each row's last token in a
+            # forward of its own, so that what follows is timed as steady drafting, the cost the policy learns.
+            start = time.perf_counter()
+            ids, valid = pad([p[:-1] for p in self._pending], self.backend.device, side="right")
+            self.backend.forward(ids, valid, last_only=True)
+            self.forward_calls += 1
+            self._pending = [p[-1:] for p in self._pending]
+            self.catch_up_s = time.perf_counter() - start
         self._fed = [n + len(p) for n, p in zip(self.backend.lengths, self._pending)]
         # Right padding: the new tokens sit right after each row's cached ones (exact for sliding windows too).
         ids, valid = pad(self._pending, self.backend.device, side="right")

@@ -62,7 +62,8 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
                             settings.draft_name)
     metrics = ServerMetrics()
     batcher = Batcher(generator, max_batch_size=settings.max_batch_size, max_queue=settings.max_queue,
-                      prefill_tokens_per_step=settings.prefill_tokens_per_step, metrics=metrics)
+                      prefill_tokens_per_step=settings.prefill_tokens_per_step, metrics=metrics,
+                      join_running=not settings.static_batching)
     metrics.queue_depth.set_function(lambda: batcher.queue_depth)
     metrics.running.set_function(lambda: batcher.running)
     metrics.running_rows.set_function(lambda: batcher.running_rows)

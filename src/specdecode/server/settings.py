@@ -22,6 +22,7 @@ class ServerSettings:
     served_model_names: Sequence[str] = ()  # --served-model-name; empty: the target's name and "specdecode"
     prefill_tokens_per_step: int | None = 256  # prompt tokens prefilled per engine step (None: whole prompts)
     batch_window_s: float = 0.0  # no longer used: requests join the running batch at the next step
+    static_batching: bool = False  # admit requests only when the running batch is done (for comparisons)
     max_speculative_tokens: int = 32
     max_prompt_chars: int = 1_000_000
     default_predict_tokens: int = 64
