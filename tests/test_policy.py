@@ -350,3 +350,23 @@ def test_no_probes_where_no_draft_could_pay():
     cheap = curve({1: 1.0, 2: 1.2, 3: 1.3, 4: 1.4, 9: 2.6})
     _, ks = simulate(AdaptivePolicy(8), 1500, cheap, 0.3, 0.0)
     assert sum(k > 0 for k in ks[200:]) >= 3
+
+
+def test_a_probe_waits_until_its_catch_up_is_affordable():
+    """A probe makes the draft feed what it missed; it waits until that is at most 3 % of the plain time since the
+    last trial, so rows far behind (or many rows) are probed less often."""
+    policy = AdaptivePolicy(8)
+    rows = [policy.new_row()]
+    policy.observe(rows, 0, [0], 1, 0.0, 0.1)
+    policy.observe(rows, 2, [0], 1, 0.02, 0.12)  # cheap drafts (a good one could pay) that all failed
+    policy.observe_catch_up(100, 1.0)  # 10 ms per token fed
+    rows[0].behind = 32
+    ks = []
+    for _ in range(400):
+        k = policy.choose(rows, [8])
+        ks.append(k)
+        policy.observe(rows, k, [0], 1, 0.01 * k, 0.1 + 0.01 * k)
+    trials = [t for t, k in enumerate(ks) if k and t > 5]  # after the first steps' exploration
+    # catch-up 0.32 s needs >= 0.32 / 0.03 = 10.7 s of plain steps (107 steps of 0.1 s) before each probe
+    assert len(trials) >= 2 and trials[0] >= 107 and all(b - a >= 107 for a, b in zip(trials, trials[1:]))
+    assert policy.catch_up_cost(10) == pytest.approx(0.1)

@@ -161,3 +161,48 @@ def test_stats_record_the_k_chosen(models):
     fixed = SpeculativeGenerator(target, draft, num_speculative_tokens=3).generate(
         [PROMPT], max_new_tokens=30, temperature=0.0, ignore_eos=True).stats
     assert fixed.policy == "fixed" and set(fixed.k_histogram) <= {1, 2, 3}
+
+
+@pytest.mark.parametrize("joins_late", [False, True])
+def test_a_probe_bounds_the_catch_up_of_a_draft_far_behind(models, monkeypatch, joins_late):
+    """A probe after many plain steps does not make the draft read every token it missed: rows further behind than
+    `catch_up_window` restart from their last `catch_up_window` tokens. Greedy output is still the target's own."""
+    from specdecode.policy import AdaptivePolicy
+
+    target, draft = models
+    prompt = [5, 9, 2, 7, 1, 8, 3, 3, 4] * 3
+    plan = ([2] * 3 if not joins_late else []) + [0] * 20 + [3]  # speculate, 20 plain steps, then a probe
+
+    def choose(self, rows, caps):
+        self.trial = len(plan) == 1
+        return min(plan.pop(0) if plan else 3, max(caps))
+
+    monkeypatch.setattr(AdaptivePolicy, "choose", choose)
+    gen = SpeculativeGenerator(target, draft, num_speculative_tokens="auto")
+    gen.drafter.catch_up_window = 8
+    fed = []
+    real = ModelDrafter.propose
+
+    def spy(self, k, sampling, uniforms, num_drafts):
+        out = real(self, k, sampling, uniforms, num_drafts)
+        fed.append((self.catch_up, self.backend.lengths[0]))
+        return out
+
+    monkeypatch.setattr(ModelDrafter, "propose", spy)
+    result = gen.generate([prompt], max_new_tokens=40, temperature=0.0, ignore_eos=True)
+    plain = AutoregressiveGenerator(target).generate([prompt], max_new_tokens=40, temperature=0.0, ignore_eos=True)
+    assert result.token_ids == plain.token_ids
+    probe = fed[3] if not joins_late else fed[0]
+    assert probe[0] == 8  # the window, not the 20 missed tokens (nor the 27-token prompt)
+    assert probe[1] < 8 + 4  # the cache restarted: the window and this step's drafts
+    assert fed[-1][0] <= 2  # steady drafting afterwards
+    assert result.stats.k_histogram.get(0, 0) >= 20
+
+
+def test_an_exploited_k_feeds_the_whole_backlog(models):
+    """Outside probes nothing is cut: a row's first proposal feeds its whole prompt (the draft's full context)."""
+    target, draft = models
+    gen = SpeculativeGenerator(target, draft, num_speculative_tokens=2)
+    gen.drafter.catch_up_window = 4
+    gen.generate([[5, 9, 2, 7, 1, 8, 3, 3, 4] * 3], max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    assert gen.drafter.catch_up_tokens == 27  # prompt + first token, all but the last fed apart

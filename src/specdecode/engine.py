@@ -420,6 +420,8 @@ class DecodingSession:
             drafts, q = self.drafter.propose(k, sampling, u_draft, k_rows)
             drafts = drafts.to(self.device)
             catch_up_s = getattr(self.drafter, "catch_up_s", 0.0)
+            if catch_up_s:
+                self.policy.observe_catch_up(getattr(self.drafter, "catch_up_tokens", 0), catch_up_s)
             mixed = not catch_up_s and getattr(self.drafter, "catch_up", 0) > CLEAN_CATCH_UP
             self.stats.draft_forward_calls += self.drafter.forward_calls - calls
         else:
@@ -465,7 +467,13 @@ class DecodingSession:
         if self.drafter is None or widest == 0 or max(caps) <= 0:
             return [0] * len(self.active)
         caps = [min(c, d) for c, d in zip(caps, self.drafter.max_drafts(widest))]
+        behind = getattr(self.drafter, "behind", None)
+        window = getattr(self.drafter, "catch_up_window", None)
+        for row, n in zip(self.active, behind() if behind else [0] * len(self.active)):
+            row.policy_state.behind = n if window is None else min(n, window)  # what a trial would feed
         k = self.policy.choose([r.policy_state for r in self.active], [min(c, self.policy.max_k) for c in caps])
+        if k and getattr(self.policy, "trial", False) and hasattr(self.drafter, "limit_catch_up"):
+            self.drafter.limit_catch_up()  # a probe: its draft need not read every token it missed
         return [min(k if r.fixed_k is None else r.fixed_k, c) for r, c in zip(self.active, caps)]
 
     def _clock(self) -> float:

@@ -55,17 +55,21 @@ WARM_SAMPLES = 2           # the first timings of a shape may include a warm-up:
                            # K as untried (worth exploring) until it has this many
 PROBE_FIRST, PROBE_MAX = 8, 256
 CEILING_ACCEPTANCE = 0.95  # the best acceptance a probe could find; if even that cannot pay, probing is waste
+TRIAL_BUDGET = 0.03        # a probe or an exploration may cost its draft's catch-up only up to 3 % of the plain
+                           # decoding time since the last one
+PRIOR_CATCH_UP = 0.2       # an unmeasured catch-up, in draft steps per token fed
 
 
 class RowState:
     """One row's decayed acceptance evidence: accepted[i] / seen[i] estimates a_{i+1}."""
 
-    __slots__ = ("accepted", "seen", "cap")
+    __slots__ = ("accepted", "seen", "cap", "behind")
 
     def __init__(self, max_k: int):
         self.accepted = [0.0] * max_k
         self.seen = [0.0] * max_k
         self.cap: int | None = None  # this step's cap, remembered by choose() for observe()
+        self.behind = 0  # tokens the draft would feed before drafting for this row (set by the loop)
 
 
 class _Cost:
@@ -114,7 +118,9 @@ class Policy(ABC):
         self.accepted, self.seen = [0.0] * self.max_k, [0.0] * self.max_k  # the batch's evidence
         self._verify: dict[int, dict[int, _Cost]] = {}  # batch size -> tokens -> seconds
         self._draft: dict[int, _Cost] = {}  # batch size -> seconds per draft step
+        self._catch_up = _Cost()  # seconds per token a draft feeds when it catches up
         self._histogram: dict[int, int] = {}
+        self.trial = False  # whether the last choice was a probe or an exploration (the loop may bound catch-ups)
 
     def new_row(self) -> RowState:
         return RowState(self.max_k)
@@ -204,6 +210,15 @@ class Policy(ABC):
             return 1.0 + PRIOR_VERIFY_SLOPE * (n - 1)
         return self.verify_cost(n, min(others, key=lambda b: (abs(b - batch_size), b)), borrow=False)
 
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        """A draft fed `tokens` tokens (over all rows) in `seconds` before drafting: the price of leaving it idle."""
+        if tokens > 0 and seconds >= 0:
+            self._catch_up.add(seconds / tokens)
+
+    def catch_up_cost(self, tokens: int) -> float:
+        per_token = self._catch_up.value if self._catch_up.count else PRIOR_CATCH_UP * self.draft_cost(1)
+        return tokens * per_token
+
     def draft_cost(self, batch_size: int) -> float:
         if batch_size in self._draft:
             return self._draft[batch_size].value
@@ -262,8 +277,10 @@ class AdaptivePolicy(Policy):
         self.margin = margin
         self._speculating = False
         self._plain_run, self._wait, self._probing = 0, PROBE_FIRST, False
+        self._plain_time = 0.0  # seconds of plain steps since the last trial (probe or exploration)
 
     def choose(self, rows: list[RowState], caps: list[int]) -> int:
+        self.trial = False
         top = self._remember(rows, caps)
         if top == 0:
             return 0
@@ -279,8 +296,10 @@ class AdaptivePolicy(Policy):
         measured = self._verify.get(batch, {})
         untried = {k: tokens[k] / self._optimistic_time(k, batch) for k in range(top + 1)
                    if k + 1 not in measured or measured[k + 1].count < WARM_SAMPLES}
-        if untried and max(untried.values()) > rates[best]:
+        affordable = self.catch_up_cost(sum(r.behind for r in rows)) <= TRIAL_BUDGET * self._plain_time
+        if untried and max(untried.values()) > rates[best] and (best > 0 or affordable):
             self.explorations += 1
+            self.trial = best == 0
             return max(untried, key=untried.__getitem__)
         if best > 0:
             self._plain_run, self._wait = 0, PROBE_FIRST
@@ -288,9 +307,9 @@ class AdaptivePolicy(Policy):
         if not self._could_pay(caps, batch, rates[0]):
             return 0  # no text could make a draft pay at these costs: probes would be pure loss
         self._plain_run += 1
-        if self._plain_run < self._wait:
+        if self._plain_run < self._wait or not affordable:
             return 0
-        self._plain_run, self._probing = 0, True
+        self._plain_run, self._probing, self.trial = 0, True, True
         self.probes += 1
         return max(range(1, top + 1), key=rates.__getitem__)  # the K most likely to pay
 
@@ -324,6 +343,7 @@ class AdaptivePolicy(Policy):
         if paid:  # the text has changed since the evidence that stopped speculation: let the probe outweigh it
             _scale([self.accepted, self.seen] + [c for r in rows for c in (r.accepted, r.seen)], self.probe_forget)
         super().observe(rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted)
+        self._plain_time = self._plain_time + verify_seconds if k == 0 else 0.0
         if paid:  # one row's probe is one noisy bit: confirm it at once
             self._plain_run = self._wait
         elif probing:

@@ -14,7 +14,9 @@ class Drafter(Protocol):
     # Optional: `catch_up`, the tokens the last propose() had to feed before drafting (the prompt, or what plain
     # steps emitted), and `catch_up_s`, the seconds of a forward that fed them apart (0: none). The loop times
     # drafting without that forward; if the catch-up was fed with the drafts (catch_up > 2 and catch_up_s 0) the
-    # step's draft time is not a draft step's cost and the policy does not learn from it.
+    # step's draft time is not a draft step's cost and the policy does not learn from it. Optional too:
+    # `behind()` (per row, tokens a proposal would feed first) and `limit_catch_up()` (bound that backlog, for a
+    # probe: only q changes); the policy uses them to keep probes cheap.
     # Optional: `needs_hidden_states = True` makes the loop ask the target for its last hidden states and hand
     # them to prefill() and update() (EAGLE/Medusa-style heads); off by default, and then free.
 

@@ -16,7 +16,14 @@ class ModelDrafter:
     Each row keeps a list of tokens that were emitted but are not in the draft's cache yet: the prompt until the
     first proposal, then normally the target's last token, and after a full acceptance also the last draft
     (sampled, never fed); after plain steps, every token since. The next proposal feeds them in its first forward.
+
+    Catching up costs about a draft prefill per token missed, so a probe after a long plain run would cost in
+    proportion to the run (~10 % of its time on a 2-core CPU). For such trials the loop calls limit_catch_up(): a
+    row further behind than `catch_up_window` tokens restarts its cache from its last `catch_up_window` tokens.
+    Only q changes (a shorter context), so the output stays exact; the draft's context grows again from there.
     """
+
+    catch_up_window = 32
 
     def __init__(self, backend: ModelBackend):
         self.backend = backend
@@ -27,7 +34,8 @@ class ModelDrafter:
         self._fed: list[int] = []  # cache length per row before the last proposal
         self._proposed = 0
         self.catch_up = 0  # tokens the last proposal had to feed for its longest row (normally 1 or 2) ...
-        self.catch_up_s = 0.0  # ... and the seconds of a forward of their own, when every row was behind
+        self.catch_up_s = 0.0  # ... and the seconds of a forward of their own, when every row was behind,
+        self.catch_up_tokens = 0  # ... which fed this many tokens over all rows
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None) -> None:
         # Lazily: the prompts wait with the other pending tokens and are fed by the first proposal, so a batch
@@ -49,12 +57,25 @@ class ModelDrafter:
     def max_drafts(self, k: int) -> list[int]:
         return [k] * len(self._pending)
 
+    def behind(self) -> list[int]:
+        """Per row, the tokens the next proposal would feed before drafting."""
+        return [len(p) for p in self._pending]
+
+    def limit_catch_up(self) -> None:
+        """Rows more than catch_up_window tokens behind restart from their last catch_up_window tokens."""
+        far = [b for b, p in enumerate(self._pending) if len(p) > self.catch_up_window]
+        if far:
+            self.backend.trim([0 if b in far else n for b, n in enumerate(self.backend.lengths)])
+            for b in far:
+                self._pending[b] = self._pending[b][-self.catch_up_window:]
+
     def propose(self, k: int, sampling: BatchSampling, uniforms, num_drafts):
         self.catch_up, self.catch_up_s = max(map(len, self._pending), default=0), 0.0
         if self.catch_up > 2 and min(map(len, self._pending)) >= 2:
             # Every row is behind (plain steps since the last proposal): feed all but each row's last token in a
             # forward of its own, so that what follows is timed as steady drafting, the cost the policy learns.
             start = time.perf_counter()
+            self.catch_up_tokens = sum(len(p) - 1 for p in self._pending)
             ids, valid = pad([p[:-1] for p in self._pending], self.backend.device, side="right")
             self.backend.forward(ids, valid, last_only=True)
             self.forward_calls += 1
