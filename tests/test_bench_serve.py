@@ -76,18 +76,19 @@ def test_continuous_batching_cuts_tail_ttft_without_losing_throughput(tiny_pair,
     """Poisson arrivals: requests that join the running batch get their first token after one prefill; waiting for
     the batch to drain (the static batching it replaces, --static-batching) makes them queue behind whole
     generations (the issue's case: 128-token requests that hold the engine)."""
-    load = dict(prompts=PROMPTS, num_requests=40, rate=10.0, max_tokens=128, seed=3)
+    load = dict(prompts=PROMPTS, num_requests=30, rate=2.5, max_tokens=128, seed=3)
     reports = {}
     for name, join in (("continuous", True), ("wait-for-batch", False)):
         with _server(tiny_pair, tokenizer, static_batching=not join) as srv:
             assert srv.app.state.batcher.join_running is join
             reports[name] = bench_serve(ServeBenchSettings(url=srv.url, **load))
     cont, base = reports["continuous"], reports["wait-for-batch"]
-    assert cont["succeeded"] == base["succeeded"] == 40
+    assert cont["succeeded"] == base["succeeded"] == load["num_requests"]
     print(f"\ncontinuous: p99 TTFT {cont['ttft_s']['p99']:.3f} s, p50 {cont['ttft_s']['p50']:.3f} s, "
           f"{cont['output_tokens_per_s']:.0f} tok/s, p99 latency {cont['latency_s']['p99']:.2f} s\n"
           f"wait-for-batch: p99 TTFT {base['ttft_s']['p99']:.3f} s, p50 {base['ttft_s']['p50']:.3f} s, "
           f"{base['output_tokens_per_s']:.0f} tok/s, p99 latency {base['latency_s']['p99']:.2f} s")
-    assert cont["ttft_s"]["p99"] < 0.7 * base["ttft_s"]["p99"]
-    # same arrivals, same work: the run lasts about as long either way (the arrivals pace it); loose bound
-    assert cont["output_tokens_per_s"] > 0.8 * base["output_tokens_per_s"]
+    # The issue's bar: p99 TTFT at least 5x lower (measured here: 0.044 s vs 1.77 s, 40x), tokens/s no lower.
+    assert 5 * cont["ttft_s"]["p99"] <= base["ttft_s"]["p99"]
+    # same arrivals, same work: the arrivals pace the run either way (the bound leaves room for timing noise)
+    assert cont["output_tokens_per_s"] > 0.9 * base["output_tokens_per_s"]

@@ -132,3 +132,19 @@ def test_a_row_can_fix_its_own_k_and_events_carry_the_step(models):
     assert steps == sorted(steps) and len(set(steps)) == 19
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         gen.request(PROMPTS[0], 5, num_speculative_tokens=-1)
+
+
+def test_rows_leave_after_a_join_that_followed_plain_steps(models, monkeypatch):
+    """Regression: a row joined after a speculative step, then plain steps, then an older row finished; the
+    draft's per-proposal bookkeeping was stale and leaving crashed the engine (seen in `serve` under -k auto)."""
+    from specdecode.policy import AdaptivePolicy
+
+    target, draft = models
+    plan = [2]
+    monkeypatch.setattr(AdaptivePolicy, "choose", lambda self, rows, caps: min(plan.pop(0) if plan else 0, max(caps)))
+    gen = SpeculativeGenerator(target, draft, num_speculative_tokens="auto")
+    requests = [gen.request(PROMPTS[0], 6, 0.0, ignore_eos=True), gen.request(PROMPTS[2], 20, 0.0, ignore_eos=True)]
+    together = run(gen.session(), {0: requests[:1], 1: requests[1:]})
+    plain = SpeculativeGenerator(target, None)
+    assert together == [plain.generate([r.prompt], max_new_tokens=r.max_new_tokens, temperature=0.0,
+                                       ignore_eos=True).token_ids[0] for r in requests]

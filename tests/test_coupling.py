@@ -7,6 +7,7 @@ target's distribution exactly (checked in test_distribution.py). Rows with a fix
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -104,12 +105,12 @@ def test_plain_decoding_of_a_coupled_row_matches_its_noise(models, random_k):
     random_k(0)
     gen = SpeculativeGenerator(target, draft, num_speculative_tokens="auto")
     got = gen.generate([PROMPT], max_new_tokens=6, temperature=0.9, seed=8, ignore_eos=True).token_ids[0]
-    g = torch.Generator().manual_seed(8)
+    stream = np.random.Generator(np.random.PCG64(8))  # the row's noise stream, from its seed
     ids, expected = list(PROMPT), []
     plain = AutoregressiveGenerator(target)
     for _ in range(6):
         logits = plain.target_model(torch.tensor([ids])).logits[0, -1, :128].float()
-        noise = -torch.log(-torch.log(torch.rand(128, generator=g, dtype=torch.float64)))
+        noise = torch.from_numpy(-np.log(-np.log(stream.random(128))))
         token = int(coupled_choice(torch.log_softmax(logits / 0.9, -1), noise))
         expected.append(token)
         ids.append(token)

@@ -470,7 +470,8 @@ class DecodingSession:
         behind = getattr(self.drafter, "behind", None)
         window = getattr(self.drafter, "catch_up_window", None)
         for row, n in zip(self.active, behind() if behind else [0] * len(self.active)):
-            row.policy_state.behind = n if window is None else min(n, window)  # what a trial would feed
+            state = row.policy_state
+            state.behind, state.probe_behind, state.remaining = n, n if window is None else min(n, window), row.remaining
         k = self.policy.choose([r.policy_state for r in self.active], [min(c, self.policy.max_k) for c in caps])
         if k and getattr(self.policy, "trial", False) and hasattr(self.drafter, "limit_catch_up"):
             self.drafter.limit_catch_up()  # a probe: its draft need not read every token it missed

@@ -26,8 +26,9 @@ next probe; as soon as the estimates say a K pays the wait is reset to 8.
 Exploring costs. A K whose verification was never timed for this batch size is tried when, costed at a lower
 bound (no cheaper than a shorter forward measured, nor than 1/m of a longer one of m tokens), it could beat the
 best estimate; so a wrong prior cannot lock in a bad K. Timings are robust to warm-up (the first two samples of
-a shape keep their minimum, and a K counts as untried until it has two) and to a lone stall (each sample is
-clipped to twice the estimate before the moving average takes it).
+a shape keep their minimum, and a K counts as untried until it has two) and to stalls (a cost is the median of
+its last 15 timings; on a shared 2-core VM a moving average was pulled up by them, which made drafts look cheap
+next to an inflated plain step).
 
 Losslessness. K (and each row's cap) is a function of what is known before the step's drafts are drawn: past
 acceptance and past timings. Given the prefix, every token a step emits has the target's distribution whatever K
@@ -40,7 +41,9 @@ one-off time is not a draft step's cost, and the loop reports it as None.
 
 from __future__ import annotations
 
+import statistics
 from abc import ABC, abstractmethod
+from collections import deque
 
 PRIOR_ACCEPTANCE = 0.7     # before any evidence; drives only the first step or two
 PRIOR_DRAFT_STEPS = 0.3    # an unmeasured draft step, in target steps
@@ -49,8 +52,7 @@ SHRINK = 4.0               # pseudo-observations a coarser estimate is worth
 DECAY = 0.97               # evidence kept per step: a half-life of ~23 steps (~60 tokens at 3 tokens a step)
 PROBE_FORGET = 0.3         # evidence kept when a probe pays: the text has changed since it was gathered
 MARGIN = 0.05              # speculation stops only when plain steps look 5 % faster: a noisy dip must not stop it
-COST_WEIGHT = 0.1          # a cost is an EMA of its timings with weight 0.1 ...
-COST_CLIP = 2.0            # ... each clipped to 2x the estimate, so one stall (GC, another process) is not a trend
+COST_WINDOW = 15           # a cost is the median of its last 15 timings: stalls (GC, another process) are not trends
 WARM_SAMPLES = 2           # the first timings of a shape may include a warm-up: keep their minimum, and count a
                            # K as untried (worth exploring) until it has this many
 PROBE_FIRST, PROBE_MAX = 8, 256
@@ -63,29 +65,32 @@ PRIOR_CATCH_UP = 0.2       # an unmeasured catch-up, in draft steps per token fe
 class RowState:
     """One row's decayed acceptance evidence: accepted[i] / seen[i] estimates a_{i+1}."""
 
-    __slots__ = ("accepted", "seen", "cap", "behind")
+    __slots__ = ("accepted", "seen", "cap", "behind", "probe_behind", "remaining")
 
     def __init__(self, max_k: int):
         self.accepted = [0.0] * max_k
         self.seen = [0.0] * max_k
         self.cap: int | None = None  # this step's cap, remembered by choose() for observe()
-        self.behind = 0  # tokens the draft would feed before drafting for this row (set by the loop)
+        # Set by the loop before choose(): tokens the draft would feed before drafting for this row (its backlog),
+        # what a probe would feed (the backlog bounded by the drafter's window), and tokens the row still wants.
+        self.behind = self.probe_behind = 0
+        self.remaining: int | None = None
 
 
 class _Cost:
-    """A measured cost in seconds: robust to a first call that warms up and to a lone stall."""
+    """A measured cost in seconds: the median of the last COST_WINDOW timings (the minimum of the first two, which
+    may include a warm-up), so stalls on a shared machine do not bias it and it still follows a drift."""
 
-    __slots__ = ("value", "count")
+    __slots__ = ("value", "count", "_recent")
 
     def __init__(self):
         self.value, self.count = 0.0, 0
+        self._recent: deque[float] = deque(maxlen=COST_WINDOW)
 
     def add(self, seconds: float) -> None:
         self.count += 1
-        if self.count <= WARM_SAMPLES:
-            self.value = seconds if self.count == 1 else min(self.value, seconds)
-        else:
-            self.value += COST_WEIGHT * (min(seconds, COST_CLIP * self.value) - self.value)
+        self._recent.append(seconds)
+        self.value = min(self._recent) if self.count <= WARM_SAMPLES else statistics.median(self._recent)
 
 
 def _scale(counts: list[list[float]], factor: float) -> None:
@@ -292,11 +297,13 @@ class AdaptivePolicy(Policy):
         best = max(range(top + 1), key=rates.__getitem__)  # ties go to the smaller K
         if best == 0 and self._speculating and max(rates[1:]) * (1 + self.margin) > rates[0]:
             best = max(range(1, top + 1), key=rates.__getitem__)  # hysteresis: a noisy dip must not stop it
+        if best > 0 and not self._repays_catch_up(rows, rates[0], rates[best]):
+            best = 0
         self._speculating = best > 0
         measured = self._verify.get(batch, {})
         untried = {k: tokens[k] / self._optimistic_time(k, batch) for k in range(top + 1)
                    if k + 1 not in measured or measured[k + 1].count < WARM_SAMPLES}
-        affordable = self.catch_up_cost(sum(r.behind for r in rows)) <= TRIAL_BUDGET * self._plain_time
+        affordable = self.catch_up_cost(sum(r.probe_behind for r in rows)) <= TRIAL_BUDGET * self._plain_time
         if untried and max(untried.values()) > rates[best] and (best > 0 or affordable):
             self.explorations += 1
             self.trial = best == 0
@@ -312,6 +319,16 @@ class AdaptivePolicy(Policy):
         self._plain_run, self._probing, self.trial = 0, True, True
         self.probes += 1
         return max(range(1, top + 1), key=rates.__getitem__)  # the K most likely to pay
+
+    def _repays_catch_up(self, rows: list[RowState], plain_rate: float, rate: float) -> bool:
+        """Whether speculating for the rest of the rows' tokens saves more time than the draft's catch-up costs
+        (its backlog: new rows' prompts, or the tokens of plain steps). Short answers to long prompts (a few-shot
+        prompt and 8 new tokens) never repay a draft prefill; a long generation does at once."""
+        backlog = sum(r.behind for r in rows)
+        if backlog <= 2 * len(rows) or any(r.remaining is None for r in rows):
+            return True  # in step (or nothing known of the rows' lengths): nothing to repay
+        saved = sum(r.remaining for r in rows) * (1 / plain_rate - 1 / rate)
+        return saved > self.catch_up_cost(backlog)
 
     def _could_pay(self, caps: list[int], batch_size: int, plain_rate: float) -> bool:
         """Whether some K could beat plain steps if the draft agreed as well as drafts ever do (CEILING_ACCEPTANCE

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -170,13 +171,15 @@ class RowGenerators:
 
     Row seeds are given per row (None: a fresh random seed). Each step a row draws its uniforms in one call, and
     how many it draws depends only on its own K, never on the other rows. A coupled row (see BatchSampling) draws
-    no uniforms: its stream gives one Gumbel noise vector per output position, in order, kept until used.
+    no uniforms: a stream seeded like its generator gives one Gumbel noise vector per output position, in order,
+    kept until used.
     """
 
     def __init__(self, seeds: list[int | None], device=None, coupled: list[bool] | None = None):
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.coupled = [bool(c) for c in (coupled or [False] * len(seeds))]
         self.pending: list[list[torch.Tensor]] = [[] for _ in seeds]  # coupled rows' noise for coming positions
+        self._noise_streams: dict[int, np.random.Generator] = {}  # row -> its noise stream (from its seed)
         self.generators = []
         for seed in seeds:
             g = torch.Generator(device=self.device)
@@ -193,11 +196,15 @@ class RowGenerators:
         self.generators = [self.generators[r] for r in rows]
         self.coupled = [self.coupled[r] for r in rows]
         self.pending = [self.pending[r] for r in rows]
+        self._noise_streams = {new: self._noise_streams[old] for new, old in enumerate(rows)
+                               if old in self._noise_streams}
 
     def extend(self, other: "RowGenerators") -> None:
+        offset = len(self.generators)
         self.generators += other.generators
         self.coupled += other.coupled
         self.pending += other.pending
+        self._noise_streams.update({offset + b: s for b, s in other._noise_streams.items()})
 
     def noise(self, positions: int, vocab: int) -> torch.Tensor | None:
         """Gumbel noise [C, positions, V] (float64) of the coupled rows' next output positions; None if none.
@@ -207,10 +214,15 @@ class RowGenerators:
         if not rows:
             return None
         for b in rows:
+            stream = self._noise_streams.get(b)
+            if stream is None:  # numpy's PCG64 draws and takes logs ~2.5x faster than torch's CPU generator
+                stream = self._noise_streams[b] = np.random.Generator(
+                    np.random.PCG64(self.generators[b].initial_seed()))
             while len(self.pending[b]) < positions:
-                u = torch.rand(vocab, generator=self.generators[b], device=self.device, dtype=torch.float64)
+                u = stream.random(vocab)  # [0, 1) float64
                 # -log(-log u) is Gumbel(0, 1); u == 0 gives -inf, a token that is never chosen (probability 2^-53)
-                self.pending[b].append(-torch.log(-torch.log(u)))
+                with np.errstate(divide="ignore"):
+                    self.pending[b].append(torch.from_numpy(-np.log(-np.log(u))).to(self.device))
         return torch.stack([torch.stack(self.pending[b][:positions]) for b in rows])
 
     def advance(self, emitted: list[int]) -> None:

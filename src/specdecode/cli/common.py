@@ -166,8 +166,10 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] = None):
+def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] = None, rows: int = 1):
     """(target, draft or None) after checking the options: LoadedModels, or a PromptLookupDrafter as the draft.
+
+    rows: rows decoded at once (a server's --max-batch-size): llama.cpp models are built to hold that many.
 
     A spinner shows on a terminal while each model loads; announce (default: on a terminal) prints the backend
     each model runs on. quiet: neither, and no conversion progress either.
@@ -179,7 +181,7 @@ def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] 
     announce = (err.is_terminal if announce is None else announce) and not quiet
     status = err.status if not quiet and err.is_terminal else _no_status
     shared = dict(dtype=opts.dtype, trust_remote_code=opts.trust_remote_code, backend=opts.backend,
-                  threads=opts.threads, exact_greedy=opts.exact_greedy)
+                  threads=opts.threads, exact_greedy=opts.exact_greedy, max_rows=rows)
     start = time.perf_counter()
     with status(f"loading target {opts.target}"), prepare_progress(not quiet) as progress:
         target = load_model(opts.target, device=opts.device, device_map=opts.device_map,

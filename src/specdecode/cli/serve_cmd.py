@@ -88,7 +88,7 @@ def serve(
         if ray:
             _serve_with_ray(opts, settings, host, port, ray_address, ray_num_cpus, replicas, scale)
             return
-        target_model, draft_model = load_pair(opts, announce=True)
+        target_model, draft_model = load_pair(opts, announce=True, rows=max_batch_size)
         if target_model.tokenizer is None:
             fail(f"{target} has no tokenizer: the server takes text and returns text")
         generator = make_generator(target_model, draft_model, k, opts.method)

@@ -109,7 +109,7 @@ class ModelDrafter:
         kept = [min(n, k - 1) for n in num_accepted]
         self.backend.trim([f + c for f, c in zip(self._fed, kept)])
         self._pending = [d[c:n] + [t] for d, c, n, t in zip(drafts, kept, num_accepted, next_tokens)]
-        self._proposed = 0
+        self._proposed, self._fed = 0, []  # _fed describes one proposal only: rows may join or leave before the next
 
     def select_rows(self, rows: list[int]) -> None:
         self.backend.select_rows(rows)

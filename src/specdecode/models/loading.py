@@ -100,9 +100,12 @@ def _locate(name_or_path: str, progress: Progress | bool | None = None) -> tuple
 def load_model(name_or_path, device: str = "cpu", dtype="auto", trust_remote_code: bool = False,
                device_map: str | None = None, quantize: str | None = None, prepack: bool = False,
                progress: Progress | bool | None = None, backend: str = "auto", threads: int | None = None,
-               backend_options: dict | None = None, exact_greedy: bool = False) -> LoadedModel:
+               backend_options: dict | None = None, exact_greedy: bool = False,
+               max_rows: int | None = None) -> LoadedModel:
     """Load a causal LM and its tokenizer offline.
 
+    max_rows: rows the model must decode at once (a server's batch): llama.cpp is built with that many sequences
+    (default 1, and a batch of more rows is refused); the other backends take any batch and ignore it.
     exact_greedy: on llama.cpp, verify in forwards of at most 3 tokens (its kernels for 4 or more tokens round
     differently), so that greedy output is token-for-token llama.cpp's own; slower. No effect elsewhere.
 
@@ -141,6 +144,8 @@ def load_model(name_or_path, device: str = "cpu", dtype="auto", trust_remote_cod
     if _choose_backend(str(name_or_path), backend, device, device_map) == "llamacpp":
         if exact_greedy:
             backend_options = {"max_tokens_per_forward": 3, **(backend_options or {})}
+        if max_rows is not None and max_rows > 1:
+            backend_options = {"max_rows": max_rows, **(backend_options or {})}
         return _load_llamacpp(str(name_or_path), threads, progress, backend_options)
     if backend_options and backend != "static":
         raise ValueError(f"backend_options are for the llama.cpp and static backends; transformers takes none (got "

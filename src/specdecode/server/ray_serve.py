@@ -38,11 +38,11 @@ class SpecdecodeReplica:
         opts = ModelOptions(**config["model"])
         if opts.threads:
             torch.set_num_threads(opts.threads)
-        target, draft = load_pair(opts, quiet=True)
+        settings = ServerSettings(**config["settings"])
+        target, draft = load_pair(opts, quiet=True, rows=settings.max_batch_size)
         if target.tokenizer is None:
             raise ValueError(f"{opts.target} has no tokenizer: the server takes text and returns text")
         generator = make_generator(target, draft, opts.num_speculative_tokens, opts.method)
-        settings = ServerSettings(**config["settings"])
         self._app = create_app(generator, config["model_name"], target.tokenizer, settings)
 
     def __serve_build_asgi_app__(self):
