@@ -19,7 +19,7 @@ import torch
 from .backends import as_backend, pad
 from .detokenize import IncrementalDetokenizer
 from .drafters import as_drafter
-from .policy import make_policy
+from .policy import RowState, make_policy
 from .rejection import METHODS, verify, verify_greedy
 from .results import GenerationResult, RowStats, Stats, TokenEvent
 from .sampling import BatchSampling, RowGenerators, SamplingParams
@@ -420,7 +420,7 @@ class DecodingSession:
             drafts, q = self.drafter.propose(k, sampling, u_draft, k_rows)
             drafts = drafts.to(self.device)
             catch_up_s = getattr(self.drafter, "catch_up_s", 0.0)
-            if catch_up_s:
+            if catch_up_s and hasattr(self.policy, "observe_catch_up"):
                 self.policy.observe_catch_up(getattr(self.drafter, "catch_up_tokens", 0), catch_up_s)
             mixed = not catch_up_s and getattr(self.drafter, "catch_up", 0) > CLEAN_CATCH_UP
             self.stats.draft_forward_calls += self.drafter.forward_calls - calls
@@ -471,7 +471,9 @@ class DecodingSession:
         window = getattr(self.drafter, "catch_up_window", None)
         for row, n in zip(self.active, behind() if behind else [0] * len(self.active)):
             state = row.policy_state
-            state.behind, state.probe_behind, state.remaining = n, n if window is None else min(n, window), row.remaining
+            if isinstance(state, RowState):  # a policy of the user's own may keep other state
+                state.behind, state.probe_behind = n, n if window is None else min(n, window)
+                state.remaining = row.remaining
         k = self.policy.choose([r.policy_state for r in self.active], [min(c, self.policy.max_k) for c in caps])
         if k and getattr(self.policy, "trial", False) and hasattr(self.drafter, "limit_catch_up"):
             self.drafter.limit_catch_up()  # a probe: its draft need not read every token it missed
