@@ -108,11 +108,11 @@ def test_two_replicas_serve_exactly_and_survive_a_killed_replica(ray_url, tiny_m
         assert r.json()["choices"][0]["text"] == expected
 
     # kill one replica's actor mid-load: requests are answered, or fail cleanly and succeed on retry
-    long_specs = _specs(engine, 120, 64)
+    long_specs = _specs(engine, 60, 32)  # seconds of work per replica, not minutes on a slow 2-core CPU
 
     async def load_and_kill():
         task = asyncio.create_task(_post_all(ray_url, [b for b, _ in long_specs], retries=8))
-        await asyncio.sleep(0.3)  # each replica is busy with ~60 requests for seconds
+        await asyncio.sleep(0.3)  # each replica is busy with ~30 requests for seconds
         replicas = [a for a in ray.util.list_named_actors(all_namespaces=True)
                     if a["name"].startswith("SERVE_REPLICA::")]
         assert len(replicas) == 2
@@ -124,7 +124,9 @@ def test_two_replicas_serve_exactly_and_survive_a_killed_replica(ray_url, tiny_m
     for (body, expected), (failures, r) in zip(long_specs, results):
         assert r is not None and r.status_code == 200, (body, failures)
         assert r.json()["choices"][0]["text"] == expected
-        assert all(f == "RemoteProtocolError" or (isinstance(f, int) and f >= 500) or f == "ReadError"
+        # A clean failure: a 5xx, a dropped connection, or (seen on a slow Intel VM: Ray's proxy kept a request of
+        # the killed replica open) the client's own 60 s timeout; each is retried and then answered exactly.
+        assert all(f in ("RemoteProtocolError", "ReadError", "ReadTimeout") or (isinstance(f, int) and f >= 500)
                    for f in failures), failures
         failed_once += bool(failures)
     assert failed_once > 0  # the kill did hit requests in flight
