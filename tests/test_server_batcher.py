@@ -165,15 +165,15 @@ def test_an_engine_failure_fails_the_running_jobs_and_the_loop_goes_on(tiny_pair
 
         def session(self, **kwargs):
             session = generator.session(**kwargs)
-            step = session.step
+            decode = session.decode  # the batcher runs a step as admit() then decode()
 
-            def failing_step():
+            def failing_decode():
                 if broken["left"]:
                     broken["left"] -= 1
                     raise RuntimeError("boom")
-                return step()
+                return decode()
 
-            session.step = failing_step
+            session.decode = failing_decode
             return session
 
     batcher = Batcher(FailingOnce(), max_batch_size=2)
