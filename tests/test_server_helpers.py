@@ -131,13 +131,13 @@ class SlowGenerator:
 
     def session(self, **kwargs):
         session = self._generator.session(**kwargs)
-        step = session.step
+        decode = session.decode  # the batcher runs each step as admit() then decode()
 
-        def slow_step():
+        def slow_decode():
             time.sleep(self.delay)
-            return step()
+            return decode()
 
-        session.step = slow_step
+        session.decode = slow_decode
         return session
 
 
