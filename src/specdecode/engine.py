@@ -468,12 +468,13 @@ class DecodingSession:
             return [0] * len(self.active)
         caps = [min(c, d) for c, d in zip(caps, self.drafter.max_drafts(widest))]
         behind = getattr(self.drafter, "behind", None)
-        window = getattr(self.drafter, "catch_up_window", None)
-        for row, n in zip(self.active, behind() if behind else [0] * len(self.active)):
-            state = row.policy_state
-            if isinstance(state, RowState):  # a policy of the user's own may keep other state
-                state.behind, state.probe_behind = n, n if window is None else min(n, window)
-                state.remaining = row.remaining
+        if self.adaptive and behind is not None:  # what a draft's catch-up would cost: only the adaptive policy asks
+            window = getattr(self.drafter, "catch_up_window", None)
+            for row, n in zip(self.active, behind()):
+                state = row.policy_state
+                if isinstance(state, RowState):  # a policy of the user's own may keep other state
+                    state.behind, state.probe_behind = n, n if window is None else min(n, window)
+                    state.remaining = row.remaining
         k = self.policy.choose([r.policy_state for r in self.active], [min(c, self.policy.max_k) for c in caps])
         if k and getattr(self.policy, "trial", False) and hasattr(self.drafter, "limit_catch_up"):
             self.drafter.limit_catch_up()  # a probe: its draft need not read every token it missed
