@@ -311,11 +311,9 @@ class AdaptivePolicy(Policy):
         if best > 0:
             self._plain_run, self._wait = 0, PROBE_FIRST
             return best
-        if not self._could_pay(caps, batch, rates[0]):
-            return 0  # no text could make a draft pay at these costs: probes would be pure loss
         self._plain_run += 1
-        if self._plain_run < self._wait or not affordable:
-            return 0
+        if self._plain_run < self._wait or not affordable or not self._could_pay(caps, batch, rates[0]):
+            return 0  # not yet, or not worth it: where no text could make a draft pay, probes are pure loss
         self._plain_run, self._probing, self.trial = 0, True, True
         self.probes += 1
         return max(range(1, top + 1), key=rates.__getitem__)  # the K most likely to pay
