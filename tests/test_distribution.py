@@ -93,14 +93,15 @@ def test_ragged_batch_rows_each_follow_their_own_target(pair, method):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["leviathan", "chen"])
-def test_batch_of_one_samples_follow_target(pair, method):
-    """The unbatched path (no slot mask at all) with one seeded call per sample."""
+def test_batch_of_one_samples_follow_target(pair):
+    """The unbatched path (no slot mask at all) with one seeded call per sample. One call per sample costs ~13 ms,
+    so this draws fewer samples than the batched tests, with one method (both share this path; the batched tests
+    cover each method's own verification)."""
     target, draft = pair
-    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3, method=method)
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3)
     prompt = PROMPTS[0]
     rows = [generator.generate([prompt], max_new_tokens=3, temperature=1.0, seed=seed, ignore_eos=True).token_ids[0]
-            for seed in range(SAMPLES)]
+            for seed in range(SAMPLES // 2)]
     check_against_target(target, prompt, torch.tensor(rows), 1.0, 0, 1.0)
 
 

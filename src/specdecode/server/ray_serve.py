@@ -9,7 +9,9 @@ Three ways in:
 - KubeRay: deploy/kuberay-rayservice.yaml embeds that same config.
 
 A replica that dies is restarted by Ray's controller; requests it held are answered 5xx by the proxy (or see their
-stream cut), and a retry goes to a live replica.
+stream cut), and a retry goes to a live replica. As a backstop against a request the proxy keeps waiting on after its
+replica died (seen once under load on a 2-core VM), the proxy's own timeout is the server's --request-timeout plus
+PROXY_GRACE_S: such a request is answered 408 (which OpenAI clients retry), never left hanging.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 log = logging.getLogger("specdecode.server")
 
 DEFAULT_PORT = 8000
+PROXY_GRACE_S = 10.0  # the replica answers 504 at --request-timeout; the proxy gives up only after this much more
 
 
 class SpecdecodeReplica:
@@ -78,6 +81,12 @@ def deployment_options(replicas: int | None = None, autoscale: tuple[int, int] |
     return options
 
 
+def http_options(host: str, port: int, settings=None) -> dict:
+    """Ray Serve's proxy options: where it listens, and a request timeout just past the replicas' own."""
+    timeout = (settings.request_timeout if settings is not None else 120.0) + PROXY_GRACE_S
+    return {"host": host, "port": port, "request_timeout_s": timeout}
+
+
 def build_application(config: dict, **options):
     """A bound Ray Serve application of SpecdecodeReplica with these deployment options."""
     from ray import serve
@@ -122,7 +131,7 @@ def serve_with_ray(config: dict, *, host: str = "127.0.0.1", port: int = DEFAULT
         ray.init(address=address)
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False)
-    serve.start(http_options={"host": host, "port": port})
+    serve.start(http_options=http_options(host, port, settings))
     serve.run(build_application(config, **options), name="specdecode", route_prefix="/")
     count = options.get("num_replicas") or f"{autoscale[0]}..{autoscale[1]}"
     log.info("serving with Ray Serve (%s replica(s)) at http://%s:%d/v1", count, host, port)
