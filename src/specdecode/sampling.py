@@ -217,11 +217,13 @@ class RowGenerators:
         for b in rows:
             stream = self.streams[b]
             while len(self.pending[b]) < positions:
-                u = stream.random(vocab)  # [0, 1) float64
-                # -log(-log u) is Gumbel(0, 1); u == 0 gives -inf, a token that is never chosen (probability 2^-53)
+                g = stream.random(vocab)  # [0, 1) float64
+                # -log(-log u) is Gumbel(0, 1), computed in place; u == 0 gives -inf, a token that is never chosen
+                # (probability 2^-53)
                 with np.errstate(divide="ignore"):
-                    self.pending[b].append(torch.from_numpy(-np.log(-np.log(u))).to(self.device))
-        return torch.stack([torch.stack(self.pending[b][:positions]) for b in rows])
+                    np.negative(np.log(np.negative(np.log(g, out=g), out=g), out=g), out=g)
+                self.pending[b].append(torch.from_numpy(g).to(self.device))
+        return torch.stack([v for b in rows for v in self.pending[b][:positions]]).view(len(rows), positions, vocab)
 
     def advance(self, emitted: list[int]) -> None:
         """Row b emitted emitted[b] tokens: its noise for those positions is used up."""
