@@ -83,7 +83,9 @@ def deployment_options(replicas: int | None = None, autoscale: tuple[int, int] |
 
 def http_options(host: str, port: int, settings=None) -> dict:
     """Ray Serve's proxy options: where it listens, and a request timeout just past the replicas' own."""
-    timeout = (settings.request_timeout if settings is not None else 120.0) + PROXY_GRACE_S
+    from .settings import ServerSettings
+
+    timeout = (settings or ServerSettings()).request_timeout + PROXY_GRACE_S
     return {"host": host, "port": port, "request_timeout_s": timeout}
 
 
