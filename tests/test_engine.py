@@ -5,6 +5,8 @@ import copy
 import pytest
 import torch
 
+from specdecode.sampling import stream_seed
+
 from conftest import perturbed_copy, tiny_qwen
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator, VocabularyMismatchError, load_model
 
@@ -195,7 +197,7 @@ def test_seed_is_reproducible_and_seeded_once_per_call(models, monkeypatch):
     monkeypatch.setattr(torch, "Generator", CountingGenerator)
     result = generator.generate([PROMPT], seed=9, **kwargs)
     assert result.stats.target_forward_calls > 3
-    assert seeds == [9]  # seeded once for the call, never reseeded per step
+    assert seeds == [stream_seed(9, 0)]  # seeded once for the call, never reseeded per step
 
 
 def test_plain_and_speculative_sampling_are_distinct_draws_of_the_same_law(models):
@@ -275,7 +277,7 @@ def test_empty_text_prompt_is_a_clear_error(tiny_pair, tokenizer):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
-    ({"top_k": -3}, "top_k"), ({"max_new_tokens": 0}, "max_new_tokens"), ({"num_speculative_tokens": -1}, ">= 1 or .auto."), ({"num_speculative_tokens": "fast"}, "auto"),
+    ({"top_k": -3}, "top_k"), ({"max_new_tokens": 0}, "max_new_tokens"), ({"num_speculative_tokens": -1}, "0..32"), ({"num_speculative_tokens": "fast"}, "auto"),
     ({"max_new_tokens": 600}, "context"), ({"stop": [""]}, "stop"),
 ])
 def test_bad_generation_arguments_are_clear_errors(models, kwargs, message):
@@ -378,3 +380,18 @@ def test_per_row_statistics_and_a_row_that_ends_on_its_first_token(models):
     assert sum(r.verification_steps for r in rows) == result.stats.verification_steps
     assert rows[1].mean_accepted_length == pytest.approx(8 / rows[1].verification_steps)
     assert generator.has_draft and generator.context_length == 512 and generator.vocab_size == 128
+
+
+def test_different_seeds_never_share_a_row_stream(models):
+    """Row i of seed S and row i + 1 of seed S - 1 were one stream under the old S + i rule: a batch run "with seeds
+    1..10" then repeated most of its samples. Streams are now SeedSequence-mixed from (seed, row)."""
+    target, draft = models
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=2)
+    kwargs = dict(max_new_tokens=12, temperature=1.0, ignore_eos=True)
+    one = generator.generate([PROMPT] * 6, seed=1, **kwargs).token_ids
+    two = generator.generate([PROMPT] * 6, seed=2, **kwargs).token_ids
+    assert sum(a == b for a, b in zip(one[1:], two[:-1])) == 0  # the old rule made all 5 equal
+    assert len({tuple(r) for r in one + two}) == 12
+    alone = generator.generate([PROMPT], seed=2, **kwargs).token_ids[0]
+    assert alone == two[0]  # a seed reproduces itself alone and as row 0 of a batch
+    assert {stream_seed(s, i) for s in range(50) for i in range(50)}.__len__() == 2500

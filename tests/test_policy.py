@@ -272,7 +272,7 @@ def test_make_policy():
         policy = make_policy(spec)
         assert type(policy) is FixedPolicy and policy.k == policy.max_k == k
     for bad in [-1, "-1", "abc", "4.0", 2.5, True, None, "", "²"]:
-        with pytest.raises(ValueError, match="num_speculative_tokens must be an integer >= 1 or 'auto'"):
+        with pytest.raises(ValueError, match="num_speculative_tokens .K. must be 'auto' or an integer 0..32"):
             make_policy(bad)
     assert FixedPolicy(0).choose([FixedPolicy(0).new_row()], [5]) == 0
     with pytest.raises(ValueError):
@@ -394,3 +394,76 @@ def test_a_draft_prefill_is_paid_only_when_the_rows_can_repay_it():
     for row in rows:  # in step (a backlog of 1-2 tokens): nothing to repay
         row.behind, row.remaining = 1, 8
     assert policy.choose(rows, [7] * 4) > 0
+
+
+# ---------------------------------------------------------------------------------------------- explaining itself
+def test_explains_plain_decoding_with_its_own_numbers():
+    """A draft too slow for its target (c = 0.4, v(n) ~ n): the line names plain decoding, the costs it timed and
+    the speedup Leviathan's formula gives at the acceptance it measured; summary() carries the same numbers."""
+    v, c = curve({1: 1.0, 2: 1.9, 3: 2.8}), 0.4
+    policy = AdaptivePolicy(8)
+    simulate(policy, 300, v, c, 0.9, jitter=0.0)
+    summary = json.loads(json.dumps(policy.summary()))
+    figures = policy.figures()
+    assert figures["draft_step_cost"] == pytest.approx(c) and figures["draft_step_measured"]
+    for n in figures["verify_measured"]:
+        assert figures["verify_cost"][n] == pytest.approx(v(n))
+    best = figures["best_k"]
+    recomputed = expected(0, 0)  # 1.0, then the Leviathan sum with the policy's own per-position acceptance
+    run = 1.0
+    for a in summary["acceptance"][:best]:
+        run *= a
+        recomputed += run
+    recomputed /= best * summary["draft_step_cost"] + summary["verify_cost"][str(best + 1)]
+    assert summary["expected_speedup"] == pytest.approx(recomputed, rel=1e-3) and recomputed < 1
+    assert summary["best_k"] == best and summary["batch_size"] == 1
+    line = summary["explanation"]
+    assert line == policy.explain()
+    plain = policy.summary()["plain_steps"]
+    assert line.startswith(f"plain decoding on {plain} of 300 steps")
+    assert f"draft step {c:.2f} of a target step" in line
+    assert f"verifying {best + 1} tokens {figures['verify_cost'][best + 1]:.2f} steps" in line
+    assert f"{100 * figures['acceptance_rate']:.0f} % acceptance K={best} would give {recomputed:.2f}×" in line
+
+
+@pytest.mark.parametrize("name", ["steep, K=2 wins", "CPU figures"])
+def test_explains_speculation_and_its_gain(name):
+    v, c, alpha, best = TRACES[name]
+    policy = AdaptivePolicy(8)
+    simulate(policy, 400, v, c, alpha, jitter=0.0, seed=2)
+    figures = policy.figures()
+    assert figures["best_k"] == best and figures["expected_speedup"] > 1
+    assert figures["expected_speedup"] == pytest.approx(max(figures["speedup_by_k"].values()))
+    assert 0.7 * alpha < figures["acceptance_rate"] < min(1.0, 1.3 * alpha)
+    line = policy.explain()
+    assert line.startswith("speculating on") and f"K={best} gives {figures['expected_speedup']:.2f}×" in line
+
+
+def test_explains_a_fixed_k_and_the_k_that_would_pay():
+    """A fixed K times only its own forward (and the plain step that ends a row): other Ks are priced by estimate,
+    and the line says so."""
+    v, c = curve({1: 1.0, 2: 1.25, 3: 1.9}), 0.1  # the trace where K=1 wins
+    policy = FixedPolicy(3)
+    simulate(policy, 100, v, c, 0.7, jitter=0.0)
+    line = policy.explain()
+    assert "(not yet timed)" in line  # no plain step yet: nothing can be said in target steps
+    rows = [policy.new_row()]
+    policy.observe(rows, 0, [0], 1, None, v(1))  # a row's last token is a plain step
+    figures = policy.figures()
+    assert figures["verify_measured"] == [1, 4] and figures["verify_cost"][4] == pytest.approx(v(4))
+    assert figures["best_k"] == 1 and figures["expected_speedup"] == figures["speedup_by_k"][3] < 1
+    line = policy.explain()
+    assert line.startswith("fixed K=3 on 101 steps: draft step 0.10 of a target step, verifying 4 tokens 2.55 steps")
+    assert f"K=3 would give {figures['speedup_by_k'][3]:.2f}×" in line
+    assert line.endswith(f"(K=1 would give {figures['speedup_by_k'][1]:.2f}× at estimated costs)")
+
+
+def test_explains_before_any_step_and_without_a_draft():
+    assert AdaptivePolicy(4).explain() == "no steps yet" and FixedPolicy(2).summary()["explanation"] == "no steps yet"
+    untimed = AdaptivePolicy(4).figures()  # the priors, flagged as such
+    assert untimed["acceptance_rate"] is None and untimed["verify_measured"] == [] and untimed["target_step_s"] is None
+    assert not untimed["draft_step_measured"]
+    plain = FixedPolicy(0)
+    simulate(plain, 10, curve({1: 1.0, 2: 1.1}), 0.1, 0.8)
+    assert plain.explain() == "plain decoding (K fixed at 0) on 10 steps: nothing drafted"
+    assert plain.summary()["expected_speedup"] == 1.0

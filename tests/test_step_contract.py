@@ -28,8 +28,11 @@ def test_a_seeded_row_gives_the_same_tokens_alone_and_in_any_batch(models, k):
                          temperature=[1.4, 0.9, 0.0, 0.5], top_p=[1.0, 0.95, 1.0, 0.8], top_k=[0, 0, 0, 5],
                          seed=[7, 1234, None, 1234], ignore_eos=True)
     assert batch.token_ids[1] == alone
-    # an int seed S seeds row i with S + i: row 1 of a seed-1233 call equals the solo call above
-    assert gen.generate([[3, 4], PROMPT], max_new_tokens=24, seed=1233, **kwargs).token_ids[1] == alone
+    # an int seed S is one request: its row 0 is the solo call with seed S, row 1 a stream of its own (under the
+    # old S + i rule, row 1 of seed 1233 was the solo call with seed 1234)
+    pair = gen.generate([PROMPT, PROMPT], max_new_tokens=24, seed=1234, **kwargs).token_ids
+    assert pair[0] == alone and pair[1] != alone
+    assert gen.generate([[3, 4], PROMPT], max_new_tokens=24, seed=1233, **kwargs).token_ids[1] != alone
     assert gen.generate([PROMPT], max_new_tokens=24, seed=[1235], **kwargs).token_ids[0] != alone
 
 
@@ -83,7 +86,7 @@ def test_prompt_lookup_builds_no_dense_q_even_with_a_huge_vocabulary(monkeypatch
     assert all(len(t) == 8 for t in result.token_ids)
     assert result.stats.proposed_tokens > 0
     assert largest["numel"] < rows * k * vocab  # [B, V] rows exist (one residual per row), never [B, K, V]
-    assert drafter.propose(k, None, None, [k] * rows)[1] is None
+    assert drafter.propose(k, None, None, [k] * rows).q is None
 
 
 def test_a_backend_without_transformers_runs_the_same_loop():
@@ -126,9 +129,9 @@ def test_hidden_states_are_handed_to_a_drafter_that_asks_and_cost_nothing_otherw
             seen.append(("prefill", tuple(hidden.shape)))
             super().prefill(input_ids, valid)
 
-        def update(self, drafts, num_accepted, next_tokens, hidden=None):
+        def update(self, emitted, kept, hidden=None):
             seen.append(("update", None if hidden is None else tuple(hidden.shape)))
-            super().update(drafts, num_accepted, next_tokens)
+            super().update(emitted, kept)
 
     calls = []
     real_forward = type(target).forward

@@ -44,6 +44,9 @@ from __future__ import annotations
 import statistics
 from abc import ABC, abstractmethod
 from collections import deque
+from typing import Mapping, Sequence
+
+from .speculation import Speculation
 
 PRIOR_ACCEPTANCE = 0.7     # before any evidence; drives only the first step or two
 PRIOR_DRAFT_STEPS = 0.3    # an unmeasured draft step, in target steps
@@ -109,10 +112,29 @@ def _shrunk(accepted: float, seen: float, prior: float) -> float:
     return (accepted + SHRINK * prior) / (seen + SHRINK)
 
 
+def expected_tokens(acceptance: Sequence[float], k: int) -> float:
+    """E(K) = 1 + sum_{j<=K} prod_{i<=j} a_i: tokens a step with K drafts yields (the 1 is the resampled or bonus
+    token), with a_i the acceptance of draft i given drafts 1..i-1 were kept."""
+    if not 0 <= k <= len(acceptance):
+        raise ValueError(f"K={k} needs acceptance for positions 1..{k}, got {len(acceptance)}")
+    tokens, run = 1.0, 1.0
+    for a in acceptance[:k]:
+        run *= a
+        tokens += run
+    return tokens
+
+
+def expected_speedup(acceptance: Sequence[float], k: int, draft_step: float, verify: Mapping[int, float]) -> float:
+    """Leviathan et al.'s speedup over plain decoding with measured costs: E(K) / (K c + v(K+1)), where c (draft_step)
+    and v(n) (verify[n], a target forward of n tokens) are in target steps, so a plain step costs v(1) = 1."""
+    return expected_tokens(acceptance, k) / (k * draft_step + verify[k + 1])
+
+
 class Policy(ABC):
     """What both policies share: the acceptance and cost estimates, observe() and summary(). Subclasses choose."""
 
     name = "policy"
+    adaptive = False  # whether K follows measurements (the loop then draws seeded sampled rows by coupling)
 
     def __init__(self, max_k: int, decay: float = DECAY):
         if not 0.0 < decay <= 1.0:
@@ -129,6 +151,12 @@ class Policy(ABC):
 
     def new_row(self) -> RowState:
         return RowState(self.max_k)
+
+    def note_row(self, row: RowState, behind: int, probe_behind: int, remaining: int) -> None:
+        """Before choose(): the tokens the draft would feed for this row before drafting (its backlog), what a probe
+        would feed (the backlog bounded by the drafter's window), and the tokens the row still wants."""
+        if isinstance(row, RowState):  # a policy of the user's own may keep other state
+            row.behind, row.probe_behind, row.remaining = behind, probe_behind, remaining
 
     @abstractmethod
     def choose(self, rows: list[RowState], caps: list[int]) -> int:
@@ -240,6 +268,7 @@ class Policy(ABC):
     def summary(self) -> dict:
         """JSON-able: the K histogram, probes, and the current cost and acceptance estimates."""
         steps = sum(self._histogram.values())
+        figures = self.figures()
         return {
             "policy": self.name, "max_k": self.max_k, "steps": steps,
             "k_histogram": dict(sorted(self._histogram.items())),
@@ -250,7 +279,77 @@ class Policy(ABC):
             "costs": {b: {"draft_s": self._draft[b].value if b in self._draft else None,
                           "verify_s": {n: m.value for n, m in sorted(self._verify[b].items())}}
                       for b in sorted(self._verify)},
+            **figures, "explanation": self._explain(figures),
         }
+
+    # ------------------------------------------------------------------ explaining itself
+    def figures(self) -> dict:
+        """The numbers behind the choices, at the batch size timed most: costs in target steps (a plain step = 1),
+        the recent acceptance, and the expected speedup of each K by Leviathan's formula at those numbers.
+
+        draft_step_cost and verify_cost are estimates (the priors, scaled) where the flags say unmeasured;
+        acceptance_rate is None before any draft was verified."""
+        batch = self._main_batch()
+        plain = self.verify_cost(1, batch)
+        timed = self._verify.get(batch, {})
+        verify = {n: self.verify_cost(n, batch) / plain for n in range(1, self.max_k + 2)}
+        draft_step = self.draft_cost(batch) / plain
+        acceptance = self.batch_acceptance()
+        speedups = {k: expected_speedup(acceptance, k, draft_step, verify) for k in range(1, self.max_k + 1)}
+        best = max(speedups, key=speedups.__getitem__, default=0)  # ties go to the smaller K
+        seen = sum(self.seen)
+        return {
+            "batch_size": batch, "target_step_s": timed[1].value if 1 in timed else None,
+            "draft_step_cost": draft_step, "draft_step_measured": batch in self._draft,
+            "verify_cost": verify, "verify_measured": sorted(n for n in timed if n <= self.max_k + 1),
+            "acceptance_rate": sum(self.accepted) / seen if seen else None,
+            "speedup_by_k": speedups, "best_k": best, "expected_speedup": speedups.get(best, 1.0),
+        }
+
+    def explain(self) -> str:
+        """One line: what the policy decided, the costs and acceptance it measured, and what they predict."""
+        return self._explain(self.figures())
+
+    def _main_batch(self) -> int:
+        """The batch size with the most timed forwards (1 before any timing)."""
+        counts = {b: sum(c.count for c in points.values()) for b, points in list(self._verify.items())}
+        return max(counts, key=lambda b: (counts[b], -b), default=1)
+
+    def _explain(self, figures: dict) -> str:
+        steps = dict(self._histogram)
+        total = sum(steps.values())
+        if not total:
+            return "no steps yet"
+        return f"{self._decision(steps, total)}: {self._measured(figures)}"
+
+    def _decision(self, steps: dict, total: int) -> str:
+        plain = steps.get(0, 0)
+        if plain * 2 >= total:
+            probes = f" ({self.probes} probe{'s' * (self.probes != 1)})" if self.probes else ""
+            return f"plain decoding on {plain} of {total} steps{probes}"
+        mean_k = sum(k * n for k, n in steps.items()) / (total - plain)
+        return f"speculating on {total - plain} of {total} steps (mean K {mean_k:.1f})"
+
+    def _measured(self, figures: dict, k: int | None = None) -> str:
+        """The costs at K (the best K by default) and the speedup the measured acceptance gives there."""
+        k = figures["best_k"] if k is None else k
+        n = k + 1
+        draft = f"draft step {figures['draft_step_cost']:.2f} of a target step" + \
+            ("" if _timed(figures, draft=True) else " (not yet timed)")
+        verify = f"verifying {n} tokens {figures['verify_cost'][n]:.2f} steps" + \
+            ("" if _timed(figures, n) else " (not yet timed)")
+        rate = figures["acceptance_rate"]
+        if rate is None:
+            return f"{draft}, {verify}; no draft verified yet"
+        speedup = figures["speedup_by_k"][k]
+        verb = "gives" if speedup >= 1 else "would give"
+        return f"{draft}, {verify}; at the measured {100 * rate:.0f} % acceptance K={k} {verb} {speedup:.2f}×"
+
+
+def _timed(figures: dict, n: int = 1, draft: bool = False) -> bool:
+    """Whether a cost in target steps rests on timings: its own, and the plain step's it is divided by."""
+    timed = set(figures["verify_measured"])
+    return 1 in timed and (figures["draft_step_measured"] if draft else n in timed)
 
 
 class FixedPolicy(Policy):
@@ -267,11 +366,30 @@ class FixedPolicy(Policy):
     def choose(self, rows: list[RowState], caps: list[int]) -> int:
         return self._remember(rows, caps)
 
+    def figures(self) -> dict:
+        figures = super().figures()
+        figures["expected_speedup"] = figures["speedup_by_k"].get(self.k, 1.0)  # at the K it was told to use
+        return figures
+
+    def _explain(self, figures: dict) -> str:
+        total = sum(self._histogram.values())
+        if not total:
+            return "no steps yet"
+        if self.k == 0:
+            return f"plain decoding (K fixed at 0) on {total} steps: nothing drafted"
+        line = f"fixed K={self.k} on {total} steps: {self._measured(figures, self.k)}"
+        best = figures["best_k"]
+        if figures["acceptance_rate"] is not None and best != self.k:
+            estimated = "" if _timed(figures, best + 1) else " at estimated costs"
+            line += f" (K={best} would give {figures['speedup_by_k'][best]:.2f}×{estimated})"
+        return line
+
 
 class AdaptivePolicy(Policy):
     """K in 0..max_k maximising expected new tokens per second, from measured acceptance and costs."""
 
     name = "adaptive"
+    adaptive = True
 
     def __init__(self, max_k: int = 8, decay: float = DECAY, probe_forget: float = PROBE_FORGET,
                  margin: float = MARGIN):
@@ -365,13 +483,7 @@ class AdaptivePolicy(Policy):
             self._wait = min(PROBE_MAX, 2 * self._wait)
 
 
-def make_policy(spec: int | str, max_k: int = 8) -> Policy:
-    """'auto' -> AdaptivePolicy(max_k); an integer K >= 0 (or its digits) -> FixedPolicy(K)."""
-    if isinstance(spec, str) and spec.strip().lower() == "auto":
-        return AdaptivePolicy(max_k)
-    if isinstance(spec, str) and spec.strip().isascii() and spec.strip().isdigit():
-        spec = int(spec.strip())
-    if isinstance(spec, bool) or not isinstance(spec, int) or spec < 0:
-        raise ValueError(f"num_speculative_tokens must be an integer >= 1 or 'auto' (0 for plain decoding), "
-                         f"got {spec!r}")
-    return FixedPolicy(spec)
+def make_policy(spec, max_k: int = 8) -> Policy:
+    """'auto' -> AdaptivePolicy(max_k); a fixed K (0 = plain) -> FixedPolicy(K). Parsed by Speculation.parse."""
+    speculation = Speculation.parse(spec)
+    return AdaptivePolicy(max_k) if speculation.auto else FixedPolicy(speculation.k)

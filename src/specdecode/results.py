@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-Provenance = Literal["accepted", "resampled", "bonus", "target"]
+Provenance = Literal["accepted", "resampled", "bonus", "target", "forced"]
 
 
 @dataclass(frozen=True)
@@ -13,8 +13,12 @@ class TokenEvent:
     """One new token, emitted as soon as it is decided.
 
     provenance: "accepted" (a draft token the target kept), "resampled" (the target's correction after a
-    rejection), "bonus" (the target's extra token after all drafts were accepted) or "target" (plain decoding,
-    and the first token, which comes from the target's prefill).
+    rejection), "bonus" (the target's extra token after all drafts were accepted), "target" (plain decoding,
+    and the first token, which comes from the target's prefill) or "forced" (the row's grammar allowed this token
+    alone, so it rode in the verification forward as a certain draft).
+    logprob / top_logprobs: when the row asked for them, the token's log-probability and the most likely tokens'
+    (id, log-probability), best first, under the distribution the token was drawn from (after temperature,
+    top-k, top-p and the grammar mask; greedy rows: log-softmax of the masked logits).
     """
 
     row: int
@@ -25,6 +29,8 @@ class TokenEvent:
     finish_reason: str | None = None  # "length" | "stop" (EOS, a stop string or stop token) on the last token
     step: int = 0  # the step of the decoding session that decided this token (tokens of one step share it)
     num_drafts: int = 0  # how many drafts the row proposed in that step (0: a plain target step or the prefill)
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] | None = None
 
 
 @dataclass
@@ -39,6 +45,7 @@ class Stats:
     k_histogram: dict[int, int] = field(default_factory=dict)  # verification steps per K chosen (0: plain)
     proposed_tokens: int = 0
     accepted_tokens: int = 0
+    forced_tokens: int = 0  # tokens the rows' grammars forced, verified as certain drafts (not in proposed_tokens)
     verification_steps: int = 0  # row-steps: one per row per target verification call
     target_forward_calls: int = 0
     draft_forward_calls: int = 0
@@ -121,6 +128,7 @@ class RowStats:
     new_tokens: int = 0
     proposed_tokens: int = 0
     accepted_tokens: int = 0
+    forced_tokens: int = 0
     verification_steps: int = 0
 
     def add_verification(self, k: int, accepted: int) -> None:
@@ -151,3 +159,6 @@ class GenerationResult:
     provenance: list[list[str]]
     prompt_token_ids: list[list[int]] = field(default_factory=list)
     row_stats: list[RowStats] = field(default_factory=list)
+    # Per row and token, when a row asked for logprobs (None for rows that did not; the whole field None if none did).
+    logprobs: list[list[float] | None] | None = None
+    top_logprobs: list[list[tuple[tuple[int, float], ...]] | None] | None = None

@@ -13,9 +13,14 @@ import numpy as np
 import torch
 
 
+GREEDY_EPS = 1e-5  # temperatures below this are greedy decoding (as in vLLM): 1/T would overflow the logits
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 1.0  # 0 means greedy decoding
+    """A row's sampling settings, checked and normalised once, here, for the library, the CLI and the server."""
+
+    temperature: float = 1.0  # 0 (or below GREEDY_EPS, stored as 0.0) means greedy decoding
     top_k: int = 0  # 0 disables
     top_p: float = 1.0  # 1.0 disables
 
@@ -27,6 +32,7 @@ class SamplingParams:
             raise ValueError(f"top_k must be an integer >= 0 (0 disables top-k), got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1] (1.0 disables top-p), got {self.top_p!r}")
+        object.__setattr__(self, "temperature", 0.0 if self.temperature < GREEDY_EPS else float(self.temperature))
 
     @property
     def greedy(self) -> bool:
@@ -36,26 +42,12 @@ class SamplingParams:
 def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, then top-k, then top-p, with transformers' semantics (min_tokens_to_keep=1).
 
-    Removed entries become -inf. Works on any leading shape [..., V]; returns float32.
+    Removed entries become -inf. Works on any leading shape [..., V]; returns float32. One row of BatchSampling.warp,
+    so the per-row batched path and this one cannot drift apart.
     """
     if params.greedy:
         raise ValueError("warp_logits is for sampling; greedy decoding takes the argmax of the raw logits")
-    scores = logits.float()
-    if params.temperature != 1.0:
-        scores = scores / params.temperature
-    vocab = scores.shape[-1]
-    if 0 < params.top_k < vocab:
-        # Ties with the k-th value are kept, as in TopKLogitsWarper.
-        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_scores, sorted_idx = torch.sort(scores, dim=-1, descending=False)
-        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-        remove_sorted = cumulative <= (1.0 - params.top_p)
-        remove_sorted[..., -1:] = False  # min_tokens_to_keep = 1
-        remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
-        scores = scores.masked_fill(remove, float("-inf"))
-    return scores
+    return BatchSampling([params], logits.device).warp(logits.unsqueeze(0)).squeeze(0)
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -100,6 +92,7 @@ class BatchSampling:
         self.rejection_pos = torch.tensor([i for i, c in enumerate(flags) if not c], dtype=torch.long,
                                           device=self.device)
         self.noise: torch.Tensor | None = None
+        self.grammars = None  # the rows' grammar states (constrained.RowGrammars) while a step drafts, if any
         self.all_greedy = all(self.greedy_rows)
         self.any_greedy = any(self.greedy_rows)
         sampled = [p for p in self.params if not p.greedy]
@@ -133,11 +126,25 @@ class BatchSampling:
             c = self.coupled_pos
             tokens[self.sampled_index[c]] = coupled_choice(torch.log(q[c]), self.noise[:, i])
 
-    def warp(self, logits: torch.Tensor) -> torch.Tensor:
+    def warp(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Warped scores [S, ..., V] of the sampled rows (logits [B, ..., V] of all rows); float32.
 
-        Exactly `warp_logits` applied row by row with each row's own settings.
-        """
+        Exactly `warp_logits` applied row by row with each row's own settings. mask [B, ..., V] (a grammar's allowed
+        tokens) is applied after the warping: the constrained distribution is normalise(p * mask). Where the
+        warping left no allowed token (top-k/top-p cut them all) the row falls back to warping the masked logits,
+        the only distribution left that respects the grammar; p and q go through this same function."""
+        scores = self._warp(logits)
+        if mask is None:
+            return scores
+        allowed = mask[self.sampled_index] if self.any_greedy else mask
+        masked = scores.masked_fill(~allowed, float("-inf"))
+        empty = torch.isneginf(masked).all(dim=-1)
+        if empty.any():
+            fallback = self._warp(logits.masked_fill(~mask, float("-inf")))
+            masked = torch.where(empty.unsqueeze(-1), fallback, masked)
+        return masked
+
+    def _warp(self, logits: torch.Tensor) -> torch.Tensor:
         scores = logits[self.sampled_index].float() if self.any_greedy else logits.float()
         extra = (1,) * (scores.dim() - 1)
         if self.any_temperature:
@@ -161,9 +168,25 @@ class BatchSampling:
             scores = scores.masked_fill(remove, float("-inf"))
         return scores
 
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+    def probs(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The distribution each sampled row draws from: [S, ..., V]."""
-        return torch.softmax(self.warp(logits), dim=-1)
+        return torch.softmax(self.warp(logits, mask), dim=-1)
+
+    def scores(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, ..., V] scores whose softmax is what each row draws from (its argmax for greedy rows): greedy rows'
+        logits as they are, sampled rows' warped; both masked by the grammar. Verification and logprobs read these."""
+        if self.all_greedy:
+            return logits if mask is None else logits.float().masked_fill(~mask, float("-inf"))
+        sampled = self.warp(logits, mask)
+        if not self.any_greedy:
+            return sampled
+        out = logits.float() if mask is None else logits.float().masked_fill(~mask, float("-inf"))
+        return out.index_put((self.sampled_index,), sampled)  # out of place: logits may be the model's own tensor
+
+    def draft_mask(self, i: int, previous: torch.Tensor | None) -> torch.Tensor | None:
+        """[B, V] tokens the rows' grammars allow at draft position i, after the drafts before it (previous [B]:
+        the tokens drafted at position i - 1); None when no row is constrained."""
+        return None if self.grammars is None else self.grammars.draft_mask(i, previous)
 
 
 class RowGenerators:
@@ -175,17 +198,18 @@ class RowGenerators:
     kept until used.
     """
 
-    def __init__(self, seeds: list[int | None], device=None, coupled: list[bool] | None = None):
+    def __init__(self, seeds: list[int | None], device=None, coupled: list[bool] | None = None,
+                 seed_indices: list[int] | None = None):
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.coupled = [bool(c) for c in (coupled or [False] * len(seeds))]
         self.pending: list[list[torch.Tensor]] = [[] for _ in seeds]  # coupled rows' noise for coming positions
         self.generators = []
-        for seed in seeds:
+        for seed, index in zip(seeds, seed_indices or [0] * len(seeds)):
             g = torch.Generator(device=self.device)
             if seed is None:
                 g.seed()
             else:
-                g.manual_seed(seed)
+                g.manual_seed(stream_seed(seed, index))
             self.generators.append(g)
         # A coupled row's noise stream, seeded like its generator: numpy's PCG64 draws and takes logs ~2.5x faster
         # than torch's CPU generator, and a row draws a whole vocabulary per token.
@@ -263,6 +287,16 @@ class RowGenerators:
             if n:
                 out[b, :n] = torch.rand(n, generator=g, device=self.device, dtype=torch.float64)
         return out
+
+
+def stream_seed(seed: int, index: int = 0) -> int:
+    """The random stream of row `index` of a request seeded with `seed`: numpy's SeedSequence mixes both, so two
+    seeds never share a row's stream (an S + index rule would give seed S + 1's row 0 to seed S's row 1), and a
+    request's row 0 is the same stream whether it runs alone or in any batch."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"a seed must be an integer >= 0, got {seed!r}")
+    state = np.random.SeedSequence(entropy=seed, spawn_key=(index,)).generate_state(2, np.uint32)
+    return ((int(state[1]) << 32) | int(state[0])) & 0x7FFF_FFFF_FFFF_FFFF  # torch wants < 2**63 on every device
 
 
 def sample_with_uniforms(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -65,3 +65,15 @@ def shared_vocab_size(target, draft=None, target_tokenizer=None, draft_tokenizer
             f"the vocabulary has {vocab_size} tokens but a model's embedding has only {smallest} rows ({rows}): "
             f"the tokenizer does not belong to these models")
     return vocab_size
+
+
+def unwrap_model(model_or_loaded):
+    """(model, tokenizer) from a Hugging Face model or from what load_model returns."""
+    if hasattr(model_or_loaded, "model") and hasattr(model_or_loaded, "tokenizer"):
+        return model_or_loaded.model, model_or_loaded.tokenizer
+    return model_or_loaded, None
+
+
+def tokenizer_eos_ids(tokenizer) -> set[int]:
+    value = getattr(tokenizer, "eos_token_id", None)
+    return set() if value is None else set([value] if isinstance(value, int) else value)

@@ -16,7 +16,8 @@ class ModelBackend(Protocol):
     vocab_size: int  # width of the logits returned (the vocabulary shared with the other model)
     device: torch.device
     max_positions: int | None  # the model's context length, when known
-    # Optional attributes the loop reads with defaults: eos_token_ids (set[int]), name (str).
+    # Optional attributes, read through the functions below with their defaults: eos_token_ids (set[int]),
+    # max_rows (rows the cache holds at once; None: no limit), model (the underlying model object), name (str).
 
     def reset(self, batch_size: int) -> None:
         """Start an empty cache for batch_size rows."""
@@ -46,6 +47,18 @@ class ModelBackend(Protocol):
 
     def merge(self, other: "ModelBackend") -> None:
         """Append the rows of a fork (after its prefill) to this batch, after the existing rows."""
+
+
+def max_rows(backend) -> int | None:
+    return getattr(backend, "max_rows", None)
+
+
+def eos_token_ids(backend) -> set[int]:
+    return set(getattr(backend, "eos_token_ids", ()))
+
+
+def underlying_model(backend):
+    return getattr(backend, "model", None)
 
 
 def is_backend(obj) -> bool:

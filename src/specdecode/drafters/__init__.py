@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from ..backends import as_backend
-from .base import Drafter
+from .base import Drafter, LegacyDrafter, Proposal
 from .model import ModelDrafter
 from .prompt_lookup import PromptLookupDrafter
 
-__all__ = ["Drafter", "ModelDrafter", "PromptLookupDrafter", "as_drafter", "is_drafter"]
+__all__ = ["Drafter", "LegacyDrafter", "ModelDrafter", "Proposal", "PromptLookupDrafter", "as_drafter", "is_drafter"]
 
 
 def is_drafter(obj) -> bool:
@@ -17,6 +17,8 @@ def is_drafter(obj) -> bool:
 
 def as_drafter(obj, vocab_size: int | None = None) -> Drafter | None:
     """A Drafter for obj: None stays None (plain decoding), a drafter as it is, a model or backend drafts."""
-    if obj is None or is_drafter(obj):
+    if obj is None or isinstance(obj, Drafter):
         return obj
+    if is_drafter(obj):  # written to the old duck-typed contract
+        return LegacyDrafter(obj)
     return ModelDrafter(as_backend(obj, vocab_size))

@@ -1,55 +1,124 @@
-"""What the decoding loop needs from a drafter: proposals with the distributions they were drawn from."""
+"""What the decoding loop needs from a drafter: a Proposal per step, the tokens the step verifies.
+
+A drafter subclasses `Drafter`, which gives every optional capability a default, so the loop reads no attribute
+that is not declared here. A drafter with no model (prompt lookup, suffix) overrides propose/update/prefill and the
+row bookkeeping; a model drafter also reports what catching up on a backlog cost (the policy prices it).
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
 
 import torch
 
 from ..sampling import BatchSampling
 
 
-class Drafter(Protocol):
-    forward_calls: int  # model forwards spent drafting (0 for a drafter with no model)
-    # Optional: `catch_up`, the tokens the last propose() had to feed before drafting (the prompt, or what plain
-    # steps emitted), and `catch_up_s`, the seconds of a forward that fed them apart (0: none). The loop times
-    # drafting without that forward; if the catch-up was fed with the drafts (catch_up > 2 and catch_up_s 0) the
-    # step's draft time is not a draft step's cost and the policy does not learn from it. Optional too:
-    # `behind()` (per row, tokens a proposal would feed first) and `limit_catch_up()` (bound that backlog, for a
-    # probe: only q changes); the policy uses them to keep probes cheap.
-    # Optional: `needs_hidden_states = True` makes the loop ask the target for its last hidden states and hand
-    # them to prefill() and update() (EAGLE/Medusa-style heads); off by default, and then free.
+@dataclass
+class Proposal:
+    """The tokens one step verifies, and what proposing them cost.
 
-    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None) -> None:
+    tokens [B, K]: row b proposes a chain, its first num_drafts[b] tokens (the loop's k_rows); the rest is padding
+    the verification ignores. q [S, K, V]: the distribution each sampled row's token was drawn from (after the same
+    warping and grammar mask as the target's), or None when the drafts were chosen deterministically (the verifier
+    then treats them as one-hot proposals, exactly, without a dense tensor). catch_up_s / catch_up_tokens: a
+    forward that fed a backlog (a prompt, or tokens of plain steps) before drafting, timed apart; clean is False
+    when a backlog was fed together with the drafts, so the step's draft time is not a draft step's cost.
+    """
+
+    tokens: torch.Tensor
+    q: torch.Tensor | None = None
+    catch_up_s: float = 0.0
+    catch_up_tokens: int = 0
+    clean: bool = True
+
+
+class Drafter:
+    """The drafter contract, with defaults for what most drafters do not need."""
+
+    forward_calls: int = 0  # model forwards spent drafting (0 for a drafter with no model)
+    max_rows: int | None = None  # rows its cache can hold (None: no limit)
+    needs_hidden_states: bool = False  # True: the loop hands the target's last hidden states to prefill/update
+    catch_up_window: int | None = None  # a probe feeds at most this many backlog tokens per row (None: no bound)
+
+    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None, hidden=None) -> None:
         """Take the (left-padded) prompts of a new batch."""
+        raise NotImplementedError
 
     def max_drafts(self, k: int) -> list[int]:
         """Per row, how many of k drafts the drafter can really propose now (prompt lookup: its match length)."""
+        raise NotImplementedError
 
     def propose(self, k: int, sampling: BatchSampling, uniforms: torch.Tensor | None,
-                num_drafts: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """k draft tokens per row [B, k], and q [S, k, V] for the S sampled rows of `sampling`, or None.
+                num_drafts: list[int]) -> Proposal:
+        """k draft tokens per row. Sampled rows draw with uniforms [B, k] (row b's own random numbers for its first
+        num_drafts[b] drafts; drafts past those are ignored and must not use randomness); greedy rows take the
+        argmax; rows that `sampling` marks as coupled draw argmax(log q + noise) (`sampling.couple_drafts`).
+        Under a grammar the distributions are `sampling.draft_probs(logits, i, prev)`, masked like the target's."""
+        raise NotImplementedError
 
-        q must be exactly the distribution each sampled row's token was drawn from, after the same warping as the
-        target's (`sampling.probs`). A drafter that proposes deterministically returns q=None: the rejection step
-        then treats its drafts as one-hot proposals, exactly, without a dense tensor. Greedy rows take argmaxes.
-        uniforms [B, k]: row b's own random numbers for its first num_drafts[b] drafts; drafts past
-        num_drafts[b] are ignored by the verification and must not use randomness. Rows that `sampling` marks as
-        coupled draw argmax(log q + noise) instead (`sampling.couple_drafts`); a drafter that skips this stays exact,
-        it only gets fewer of those rows' drafts accepted.
-        """
-
-    def update(self, drafts: list[list[int]], num_accepted: list[int], next_tokens: list[int]) -> None:
-        """After verification: row b kept drafts[b][:num_accepted[b]] and then emitted next_tokens[b].
-
-        Called after the prefill too, with no drafts, to hand over the first token.
-        """
+    def update(self, emitted: list[list[int]], kept: list[int], hidden=None) -> None:
+        """After verification row b emitted the tokens emitted[b], of which the first kept[b] are drafts this drafter
+        proposed (a row whose drafts were replaced, e.g. by tokens its grammar forced, kept none of its own). Called
+        after the prefill too, with each row's first token."""
+        raise NotImplementedError
 
     def select_rows(self, rows: list[int]) -> None:
         """Keep only these rows of the batch."""
+        raise NotImplementedError
 
     def fork(self, batch_size: int) -> "Drafter":
         """An empty drafter on the same model for new rows (continuous batching: prefilled, then merged)."""
+        raise NotImplementedError
 
     def merge(self, other: "Drafter") -> None:
         """Append the rows of a fork to this batch."""
+        raise NotImplementedError
+
+    def behind(self) -> list[int] | None:
+        """Per row, the tokens the next proposal would feed before drafting (the policy prices a catch-up); None
+        for a drafter that is never behind (no model, no cache)."""
+        return None
+
+    def limit_catch_up(self) -> None:
+        """Bound the backlog a probe feeds to catch_up_window tokens per row (only q changes: still exact)."""
+
+
+class LegacyDrafter(Drafter):
+    """A drafter object written to the old duck-typed contract (propose returns (tokens, q); update takes drafts,
+    accepted counts and next tokens), adapted to this one."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.needs_hidden_states = bool(getattr(inner, "needs_hidden_states", False))
+        self.max_rows = getattr(inner, "max_rows", None)
+
+    @property
+    def forward_calls(self) -> int:
+        return getattr(self.inner, "forward_calls", 0)
+
+    def _hidden(self, hidden) -> dict:
+        return {"hidden": hidden} if self.needs_hidden_states else {}
+
+    def prefill(self, input_ids, valid, hidden=None):
+        self.inner.prefill(input_ids, valid, **self._hidden(hidden))
+
+    def max_drafts(self, k):
+        return self.inner.max_drafts(k)
+
+    def propose(self, k, sampling, uniforms, num_drafts):
+        out = self.inner.propose(k, sampling, uniforms, num_drafts)
+        return out if isinstance(out, Proposal) else Proposal(*out)
+
+    def update(self, emitted, kept, hidden=None):
+        self.inner.update([e[:-1] for e in emitted], [len(e) - 1 for e in emitted], [e[-1] for e in emitted],
+                          **self._hidden(hidden))
+
+    def select_rows(self, rows):
+        self.inner.select_rows(rows)
+
+    def fork(self, batch_size):
+        return LegacyDrafter(self.inner.fork(batch_size))
+
+    def merge(self, other):
+        self.inner.merge(other.inner)

@@ -8,9 +8,10 @@ import torch
 
 from ..backends.base import ModelBackend, pad
 from ..sampling import BatchSampling, sample_with_uniforms
+from .base import Drafter, Proposal
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """Drafts with its own KV cache, kept in step with the target's accepted tokens.
 
     Each row keeps a list of tokens that were emitted but are not in the draft's cache yet: the prompt until the
@@ -37,7 +38,7 @@ class ModelDrafter:
         self.catch_up_s = 0.0  # ... and the seconds of a forward of their own, when every row was behind,
         self.catch_up_tokens = 0  # ... which fed this many tokens over all rows
 
-    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None) -> None:
+    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None, hidden=None) -> None:
         # Lazily: the prompts wait with the other pending tokens and are fed by the first proposal, so a batch
         # that the policy decodes plainly never pays for the draft's prefill.
         self.backend.reset(input_ids.shape[0])
@@ -84,31 +85,34 @@ class ModelDrafter:
         self._fed = [n + len(p) for n, p in zip(self.backend.lengths, self._pending)]
         # Right padding: the new tokens sit right after each row's cached ones (exact for sliding windows too).
         ids, valid = pad(self._pending, self.backend.device, side="right")
-        tokens, probs = [], []
+        tokens, probs, token = [], [], None
         sampled = sampling.sampled_index
         for i in range(k):
             logits = self.backend.forward(ids, valid, last_only=True)[:, -1]
             self.forward_calls += 1
-            token = torch.argmax(logits, dim=-1)
+            mask = sampling.draft_mask(i, token)  # the rows' grammars, followed along their own drafts
+            token = torch.argmax(logits if mask is None else logits.masked_fill(~mask, float("-inf")), dim=-1)
             if not sampling.all_greedy:
-                q = sampling.probs(logits)
+                q = sampling.probs(logits) if mask is None else sampling.probs(logits, mask)
                 token[sampled] = sample_with_uniforms(q, uniforms[sampled, i])
                 sampling.couple_drafts(token, q, i)
                 probs.append(q)
             tokens.append(token)
             ids, valid = token.unsqueeze(1), None
         self._proposed = k
-        return torch.stack(tokens, dim=1), (torch.stack(probs, dim=1) if probs else None)
+        return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None,
+                        self.catch_up_s, self.catch_up_tokens if self.catch_up_s else 0,
+                        clean=bool(self.catch_up_s) or self.catch_up <= 2)
 
-    def update(self, drafts: list[list[int]], num_accepted: list[int], next_tokens: list[int]) -> None:
+    def update(self, emitted: list[list[int]], kept: list[int], hidden=None) -> None:
         k = self._proposed
         if k == 0:  # nothing was fed: the new tokens just queue up
-            self._pending = [p + d[:n] + [t] for p, d, n, t in zip(self._pending, drafts, num_accepted, next_tokens)]
+            self._pending = [p + e for p, e in zip(self._pending, emitted)]
             return
-        # The cache saw the pending tokens and drafts[:k-1]; keep what was accepted of those.
-        kept = [min(n, k - 1) for n in num_accepted]
-        self.backend.trim([f + c for f, c in zip(self._fed, kept)])
-        self._pending = [d[c:n] + [t] for d, c, n, t in zip(drafts, kept, num_accepted, next_tokens)]
+        # The cache saw the pending tokens and its drafts[:k-1]; keep what was accepted of those.
+        cached = [min(n, k - 1) for n in kept]
+        self.backend.trim([f + c for f, c in zip(self._fed, cached)])
+        self._pending = [e[c:] for e, c in zip(emitted, cached)]
         self._proposed, self._fed = 0, []  # _fed describes one proposal only: rows may join or leave before the next
 
     def select_rows(self, rows: list[int]) -> None:

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import torch
 
+from .base import Drafter, Proposal
 
-class PromptLookupDrafter:
+
+class PromptLookupDrafter(Drafter):
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.forward_calls = 0  # no model: drafting is free
         self._context: list[list[int]] = []
         self._matches: list[list[int]] = []
 
-    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None) -> None:
+    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None, hidden=None) -> None:
         rows = input_ids.tolist()
         masks = valid.tolist() if valid is not None else [[True] * len(r) for r in rows]
         self._context = [[t for t, v in zip(r, m) if v] for r, m in zip(rows, masks)]
@@ -50,11 +51,11 @@ class PromptLookupDrafter:
         self._matches = []
         # Past the match (or with none) a row's drafts are not verified (num_drafts stops there): pad with anything.
         rows = [m[:k] + [c[-1]] * (k - len(m[:k])) for m, c in zip(matches, self._context)]
-        return torch.tensor(rows, dtype=torch.long), None
+        return Proposal(torch.tensor(rows, dtype=torch.long))
 
-    def update(self, drafts: list[list[int]], num_accepted: list[int], next_tokens: list[int]) -> None:
-        for context, d, n, t in zip(self._context, drafts, num_accepted, next_tokens):
-            context.extend(d[:n] + [t])
+    def update(self, emitted: list[list[int]], kept: list[int], hidden=None) -> None:
+        for context, e in zip(self._context, emitted):
+            context.extend(e)
 
     def select_rows(self, rows: list[int]) -> None:
         self._context = [self._context[r] for r in rows]
