@@ -92,6 +92,9 @@ class RowGrammars:
                 if j == k_rows[b]:
                     break
                 if not masks[b, j, tokens[b][j]]:
+                    # Only deterministic drafts can be disallowed (sampled drafts come from the masked q): for
+                    # them a disallowed x has p(x) = 0, and the residual of a one-hot draft at p(x) = 0 is p
+                    # itself, so stopping the row's drafts here is exactly what the rejection rule would do.
                     k_rows[b] = j
                     break
                 self._walk(b, tokens[b][j])

@@ -1,0 +1,349 @@
+"""Grammar constraints for structured outputs: JSON schema, any JSON object, Lark grammar, regex.
+
+A constraint restricts which token may come next. At every position of a constrained row the grammar gives a mask
+of allowed tokens, and the distribution sampled from is normalise(p * mask). Speculative decoding stays lossless as
+long as that same mask multiplies both the target's p and the draft's q at the same position: the accept/reject
+rule then recovers exactly the constrained target distribution. So the decoding loop walks a Matcher along a drafted
+path (advance), asks for the mask at each position (mask), and undoes the rejected part (rollback).
+
+Some grammar states leave a single continuation of text (after `{"id` a schema may force `":"`); forced() returns
+its canonical tokens so the loop can propose them as drafts without running a draft model. They are forced at the
+level of text, not of tokens: the mask may still allow another tokenization of the same bytes, so they must be
+verified like any draft (a one-hot q), never emitted unchecked, for the output to keep the target's distribution.
+
+The engine is llguidance (see docs/STRUCTURED_OUTPUTS.md for the measurements behind that choice). JSON schemas are
+compiled compact (no whitespace between tokens, `{"a":1,"b":2}`) unless the schema says otherwise through
+llguidance's "x-guidance" key, e.g. {"x-guidance": {"whitespace_flexible": true}, ...}.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from collections import OrderedDict, namedtuple
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+KINDS = ("json_schema", "json_object", "grammar", "regex")
+# Compact JSON: fewer tokens, more forced tokens (free drafts), and no runaway whitespace from small models.
+JSON_DEFAULTS = {"whitespace_flexible": False}
+ANY_OBJECT_SCHEMA = '{"type":"object"}'
+MAX_ERROR_CHARS = 2000
+CacheInfo = namedtuple("CacheInfo", "hits misses maxsize currsize")
+
+
+class ConstraintError(ValueError):
+    """A constraint that cannot be used: wrong arguments, or a schema/grammar/regex the engine rejects."""
+
+
+def _llguidance():
+    try:
+        import llguidance
+        import llguidance.hf
+    except ImportError as e:
+        raise ConstraintError(f"structured outputs need the llguidance package ({e}); install it with: "
+                              f"pip install 'llguidance>=1.9,<2'") from e
+    return llguidance
+
+
+# ---------------------------------------------------------------------------------------------------- the request
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """What a request asks for, in a canonical form (so equal constraints share one compiled grammar)."""
+
+    kind: str
+    source: str
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ConstraintError(f"unknown constraint kind {self.kind!r}; use one of {', '.join(KINDS)}")
+
+    @classmethod
+    def of(cls, json_schema: dict | str | None = None, grammar: str | None = None, regex: str | None = None,
+           json_object: bool = False) -> "ConstraintSpec | None":
+        """The constraint the arguments ask for; None when they ask for none."""
+        if not isinstance(json_object, bool):
+            raise ConstraintError(f"json_object must be true or false, not {type(json_object).__name__}")
+        given = [name for name, value in (("json_schema", json_schema), ("grammar", grammar), ("regex", regex))
+                 if value is not None] + (["json_object"] if json_object else [])
+        if len(given) > 1:
+            raise ConstraintError(f"give at most one of json_schema, json_object, grammar, regex (got "
+                                  f"{', '.join(given)}); combine them into one grammar instead")
+        if not given:
+            return None
+        if json_object:
+            return cls("json_object", "")
+        if json_schema is not None:
+            return cls("json_schema", _canonical_schema(json_schema))
+        name, text = ("grammar", grammar) if grammar is not None else ("regex", regex)
+        return cls(name, _nonempty_text(name, text))
+
+
+def _canonical_schema(schema) -> str:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as e:
+            raise ConstraintError(f"json_schema is not valid JSON ({e}); pass a JSON object or a dict") from e
+    if not isinstance(schema, dict):
+        raise ConstraintError(f"json_schema must be a JSON object (a dict), not {type(schema).__name__}")
+    try:
+        return json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError) as e:
+        raise ConstraintError(f"json_schema cannot be written as JSON ({e}); use only JSON values in it") from e
+
+
+def _nonempty_text(name: str, text) -> str:
+    if not isinstance(text, str):
+        raise ConstraintError(f"{name} must be a string, not {type(text).__name__}")
+    if not text.strip():
+        raise ConstraintError(f"{name} is empty; give the {name} text or leave {name} out")
+    return text
+
+
+# ------------------------------------------------------------------------------------------------- compilation
+def _grammar_text(spec: ConstraintSpec) -> str:
+    """llguidance's grammar definition for a spec (this only wraps text; errors come when a matcher is built)."""
+    llg = _llguidance()
+    if spec.kind == "json_schema":
+        return llg.LLMatcher.grammar_from_json_schema(spec.source, defaults=JSON_DEFAULTS)
+    if spec.kind == "json_object":
+        return llg.LLMatcher.grammar_from_json_schema(ANY_OBJECT_SCHEMA, defaults=JSON_DEFAULTS)
+    if spec.kind == "regex":
+        return llg.LLMatcher.grammar_from_regex(spec.source)
+    # Lark as llguidance reads it; a llama.cpp GBNF grammar (rules written with ::=) is converted to Lark first.
+    return llg.grammar_from("grammar", spec.source)
+
+
+def _fix_hint(kind: str) -> str:
+    return {
+        "json_schema": "fix the schema (llguidance supports JSON Schema draft 2020-12 minus a few keywords)",
+        "json_object": "this is a bug in specdecode",
+        "regex": "fix the regex (Rust regex syntax, matched against the whole output; no look-around or "
+                 "back-references)",
+        "grammar": "fix the grammar (Lark syntax as llguidance reads it, with a `start` rule, or GBNF with `root`)",
+    }[kind]
+
+
+def _trimmed(message: str) -> str:
+    return message if len(message) <= MAX_ERROR_CHARS else message[:MAX_ERROR_CHARS] + " ..."
+
+
+class GrammarCompiler:
+    """One tokenizer's grammar environment; compiled grammars cached (LRU, bounded). Safe to share across threads."""
+
+    _instances: "OrderedDict[tuple, tuple[weakref.ref, GrammarCompiler]]" = OrderedDict()
+    _instances_lock = threading.Lock()
+    max_instances = 8
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids=None, cache_size: int = 64):
+        llg = _llguidance()
+        eos = _eos_ids(tokenizer, eos_token_ids)
+        try:
+            self.ll_tokenizer = llg.hf.from_tokenizer(tokenizer, eos_token=eos)
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ConstraintError(f"cannot build the grammar engine's vocabulary from {type(tokenizer).__name__} "
+                                  f"({e}); structured outputs need a fast (tokenizers-backed) Hugging Face "
+                                  f"tokenizer") from e
+        self.vocab_size = int(vocab_size)
+        self.n_tokens = self.ll_tokenizer.vocab_size  # ids the engine knows; those past it are never allowed
+        self.eos_token_ids = tuple(eos)
+        self.eos_mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+        self.eos_mask[[t for t in eos if t < self.vocab_size]] = True
+        self.cache_size = cache_size
+        self._cache: OrderedDict[ConstraintSpec, CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()
+        self._hits = self._misses = 0
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer, vocab_size: int, eos_token_ids=None) -> "GrammarCompiler":
+        """The shared compiler of this tokenizer object (building one takes ~2 s on a 152k vocabulary)."""
+        key = (id(tokenizer), int(vocab_size), tuple(_eos_ids(tokenizer, eos_token_ids)))
+        with cls._instances_lock:
+            entry = cls._instances.get(key)
+            # id() is reused once an object dies: the weak reference tells a live entry from a stale one.
+            if entry is not None and entry[0]() is tokenizer:
+                cls._instances.move_to_end(key)
+                return entry[1]
+            compiler = cls(tokenizer, vocab_size, eos_token_ids)
+            cls._instances[key] = (_weak(tokenizer), compiler)
+            while len(cls._instances) > cls.max_instances:
+                cls._instances.popitem(last=False)
+            return compiler
+
+    def compile(self, spec: ConstraintSpec) -> "CompiledGrammar":
+        """The compiled grammar of spec; ConstraintError (with the engine's message) if the engine rejects it."""
+        with self._lock:
+            found = self._cache.get(spec)
+            if found is not None:
+                self._hits += 1
+                self._cache.move_to_end(spec)
+                return found
+            self._misses += 1
+        # Compiled outside the lock (llguidance releases the GIL while it builds), so a large schema from one
+        # request does not hold up the engine thread's lookups of grammars already compiled.
+        compiled = CompiledGrammar(spec, self, self._build(spec))
+        with self._lock:
+            compiled = self._cache.setdefault(spec, compiled)
+            self._cache.move_to_end(spec)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def cache_info(self) -> CacheInfo:
+        with self._lock:
+            return CacheInfo(self._hits, self._misses, self.cache_size, len(self._cache))
+
+    def _build(self, spec: ConstraintSpec):
+        llg = _llguidance()
+        try:
+            text = _grammar_text(spec)
+        except ValueError as e:
+            raise ConstraintError(f"invalid {spec.kind}: {e}; {_fix_hint(spec.kind)}") from e
+        # Terse errors: they reach API clients, and the verbose ones dump the parser state and the whole grammar.
+        limits = llg.LLParserLimits(verbose_errors=False)
+        template = llg.LLMatcher(self.ll_tokenizer, text, log_level=0, limits=limits)
+        if template.is_error():
+            raise ConstraintError(f"invalid {spec.kind}: {_trimmed(template.get_error().strip())}; "
+                                  f"{_fix_hint(spec.kind)}")
+        template.compute_bitmask()
+        if template.is_error():  # it compiles, but the first mask finds that no output can match it
+            raise ConstraintError(f"the {spec.kind} can never be satisfied: no output matches it (llguidance: "
+                                  f"{template.get_error().split(chr(10))[0]}); {_fix_hint(spec.kind)}")
+        return template
+
+
+def _eos_ids(tokenizer, eos_token_ids) -> list[int]:
+    if eos_token_ids is None:
+        eos_token_ids = getattr(tokenizer, "eos_token_id", None)
+    ids = [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids or [])
+    if not ids:
+        raise ConstraintError("the tokenizer has no eos token, so a constrained output could never end; pass "
+                              "eos_token_ids=[...] with the ids generation stops on")
+    return sorted({int(t) for t in ids})
+
+
+def _weak(obj):
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # not weak-referenceable: keep it alive instead, so its id cannot be reused
+        return lambda: obj
+
+
+class CompiledGrammar:
+    """A grammar compiled for one tokenizer; matcher() gives each output its own state."""
+
+    def __init__(self, spec: ConstraintSpec, compiler: GrammarCompiler, template):
+        self.spec = spec
+        self.compiler = compiler
+        self._template = template  # never advanced: copying it is ~10 us, building a matcher anew ~1 ms
+        self._lock = threading.Lock()
+        self.warnings: list[str] = list(template.get_grammar_warnings())
+
+    def matcher(self) -> "Matcher":
+        """A fresh state at the start of the output."""
+        with self._lock:
+            engine = self._template.deep_copy()
+        return Matcher(engine, self.compiler)
+
+
+# ---------------------------------------------------------------------------------------------------- the state
+class Matcher:
+    """One output's position in its grammar. Not thread-safe: one row, one thread.
+
+    Rollback depth is unlimited (llguidance keeps every consumed token). An EOS token is consumed only where the
+    grammar may end; it is tracked here rather than in llguidance, whose stopped states accept EOS without
+    recording it, which would make rollback counts drift.
+    """
+
+    def __init__(self, engine, compiler: GrammarCompiler):
+        self._engine = engine
+        self._compiler = compiler
+        self.vocab_size = compiler.vocab_size
+        self._words = np.zeros((compiler.n_tokens + 31) // 32, dtype=np.int32)
+        self._consumed = 0  # tokens llguidance holds (rollback bound)
+        self._ended = False  # an EOS was consumed after them
+
+    def mask(self) -> torch.Tensor:
+        """bool [vocab_size]: the tokens allowed next (only EOS once the grammar is finished)."""
+        if self._ended:
+            return self._compiler.eos_mask.clone()
+        self._engine.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+        if self._engine.is_error():
+            # Only a resource limit inside llguidance gets here (advance never feeds it a disallowed token):
+            # ending the row beats dropping its constraint; `error` says why.
+            return self._compiler.eos_mask.clone()
+        bits = np.unpackbits(self._words.view(np.uint8), count=self.vocab_size, bitorder="little")
+        mask = torch.from_numpy(bits.view(np.bool_))
+        mask[self._compiler.n_tokens:] = False
+        return mask
+
+    def forced(self, limit: int) -> list[int]:
+        """Up to `limit` tokens of the text the grammar forces from here (canonical tokenization); no advance."""
+        if limit <= 0 or self._ended or self._engine.is_stopped():
+            return []
+        tokens = self._engine.compute_ff_tokens()[:limit]
+        for i, token in enumerate(tokens):
+            if token >= self.vocab_size:
+                return tokens[:i]
+        return tokens
+
+    def advance(self, tokens) -> int:
+        """Consume tokens in order; the count consumed (stops before the first one the grammar does not allow)."""
+        if self._ended:
+            return 0
+        tokens = [int(t) for t in tokens]
+        head = self._text_tokens(tokens)
+        n = self._engine.try_consume_tokens(head) if head else 0
+        self._consumed += n
+        if n < len(head) or n == len(tokens):
+            return n
+        if tokens[n] in self._compiler.eos_token_ids and self._engine.is_accepting():
+            self._ended = True
+            return n + 1
+        return n
+
+    def rollback(self, n: int) -> None:
+        """Undo the last n consumed tokens."""
+        if n < 0 or n > self._consumed + self._ended:
+            raise ValueError(f"cannot roll back {n} tokens: only {self._consumed + self._ended} were consumed")
+        if n and self._ended:
+            self._ended = False
+            n -= 1
+        if n and not self._engine.rollback(n):
+            raise RuntimeError(f"grammar rollback failed: {self._engine.get_error()}")
+        self._consumed -= n
+
+    @property
+    def finished(self) -> bool:
+        """The grammar is complete and allows nothing but EOS (or an EOS was consumed)."""
+        return self._ended or self._engine.is_stopped()
+
+    @property
+    def accepting(self) -> bool:
+        """The output may end here (EOS is allowed), though the grammar may also allow more."""
+        return self._ended or self._engine.is_accepting()
+
+    @property
+    def error(self) -> str | None:
+        """Why the engine gave up on this row (a resource limit), else None."""
+        return _trimmed(self._engine.get_error()) if self._engine.is_error() else None
+
+    def copy(self) -> "Matcher":
+        """An independent matcher in the same state (same rollback history)."""
+        twin = Matcher(self._engine.deep_copy(), self._compiler)
+        twin._consumed, twin._ended = self._consumed, self._ended
+        return twin
+
+    def _text_tokens(self, tokens: list[int]) -> list[int]:
+        """The tokens before the first EOS or out-of-range id: llguidance enters a permanent error state on an
+        id it does not know, and EOS is handled here."""
+        eos = self._compiler.eos_token_ids
+        limit = min(self._compiler.n_tokens, self.vocab_size)
+        for i, token in enumerate(tokens):
+            if token in eos or not 0 <= token < limit:
+                return tokens[:i]
+        return tokens
