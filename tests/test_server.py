@@ -228,12 +228,12 @@ def test_token_id_prompts(server, engine, tokenizer):
 
 
 def test_unsupported_parameters_are_named_in_one_400(server):
-    body = {"prompt": "a", "best_of": 3, "logprobs": 2, "presence_penalty": 0.5, "echo": True}
+    body = {"prompt": "a", "best_of": 3, "suffix": "}", "presence_penalty": 0.5, "echo": True}
     r = httpx.post(f"{server.url}/v1/completions", json=body)
     error = error_shape(r)
     assert r.status_code == 400 and error["code"] == "unsupported_parameter"
-    assert error["param"] in ("best_of", "logprobs", "presence_penalty", "echo")
-    for name in ("best_of", "logprobs", "presence_penalty", "echo"):
+    assert error["param"] in ("best_of", "suffix", "presence_penalty", "echo")
+    for name in ("best_of", "suffix", "presence_penalty", "echo"):
         assert name in error["message"]
     chat = httpx.post(f"{server.url}/v1/chat/completions",
                       json={"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}],
@@ -242,10 +242,12 @@ def test_unsupported_parameters_are_named_in_one_400(server):
     assert "tools" in error_shape(chat)["message"] and "tool_choice" in error_shape(chat)["message"]
 
 
-NEUTRAL = {  # every unsupported parameter at its neutral value: accepted, the output unchanged
+NEUTRAL = {  # every unsupported parameter at its neutral value, and the supported ones at their defaults: accepted,
+    # the output unchanged
     C: {"n": 1, "best_of": 1, "logprobs": None, "echo": False, "suffix": "", "presence_penalty": 0,
         "frequency_penalty": 0.0, "logit_bias": {}, "repetition_penalty": 1.0, "min_p": 0, "min_tokens": 0,
-        "ignore_eos": False, "stop_token_ids": [], "user": "u", "metadata": {"k": "v"}, "store": False},
+        "ignore_eos": False, "stop_token_ids": [], "user": "u", "metadata": {"k": "v"}, "store": False,
+        "response_format": {"type": "text"}},
     CHAT: {"n": 1, "logprobs": False, "top_logprobs": 0, "tools": [], "tool_choice": "none", "functions": [],
            "function_call": "none", "response_format": {"type": "text"}, "modalities": ["text"], "audio": None,
            "parallel_tool_calls": True, "presence_penalty": 0, "service_tier": "auto"},
@@ -349,9 +351,16 @@ BAD = [
     ("stop-number", C, {"prompt": "a", "stop": [1]}, 400, "stop"),
     ("stop-too-many", C, {"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ("k-absurd", C, {"prompt": "a", "num_speculative_tokens": 10**6}, 400, "num_speculative_tokens"),
-    ("n-two", C, {"prompt": "a", "n": 2}, 400, "n"),
-    ("logprobs", C, {"prompt": "a", "logprobs": 5}, 400, "logprobs"),
-    ("logprobs-zero", C, {"prompt": "a", "logprobs": 0}, 400, "logprobs"),
+    ("n-zero", C, {"prompt": "a", "n": 0}, 400, "n"),
+    ("n-over-batch", C, {"prompt": "a", "n": 9}, 400, "n"),
+    ("n-times-prompts-over-batch", C, {"prompt": ["a", "b", "c"], "n": 3}, 400, "n"),
+    ("n-float", C, {"prompt": "a", "n": 1.5}, 400, "n"),
+    ("logprobs-over-20", C, {"prompt": "a", "logprobs": 21}, 400, "logprobs"),
+    ("logprobs-negative", C, {"prompt": "a", "logprobs": -1}, 400, "logprobs"),
+    ("logprobs-bool", C, {"prompt": "a", "logprobs": True}, 400, "logprobs"),
+    ("response-format-unknown", C, {"prompt": "a", "response_format": {"type": "yaml"}}, 400,
+     "response_format.type"),
+    ("ignore-eos-string", C, {"prompt": "a", "ignore_eos": "yes"}, 400, "ignore_eos"),
     ("best-of", C, {"prompt": "a", "best_of": 2}, 400, "best_of"),
     ("echo", C, {"prompt": "a", "echo": True}, 400, "echo"),
     ("suffix", C, {"prompt": "a", "suffix": "}"}, 400, "suffix"),
@@ -361,7 +370,6 @@ BAD = [
     ("repetition-penalty", C, {"prompt": "a", "repetition_penalty": 1.2}, 400, "repetition_penalty"),
     ("min-p", C, {"prompt": "a", "min_p": 0.1}, 400, "min_p"),
     ("min-tokens", C, {"prompt": "a", "min_tokens": 3}, 400, "min_tokens"),
-    ("ignore-eos", C, {"prompt": "a", "ignore_eos": True}, 400, "ignore_eos"),
     ("stop-token-ids", C, {"prompt": "a", "stop_token_ids": [1]}, 400, "stop_token_ids"),
     ("token-ids-out-of-vocab", C, {"prompt": [1, 2, 10**6]}, 400, "prompt"),
     ("token-ids-negative", C, {"prompt": [1, -1]}, 400, "prompt"),
@@ -387,17 +395,23 @@ BAD = [
     ("chat-temperature", CHAT, {"messages": USER, "temperature": 5}, 400, "temperature"),
     ("chat-top-p", CHAT, {"messages": USER, "top_p": 0}, 400, "top_p"),
     ("chat-unknown-model", CHAT, {"messages": USER, "model": "nope"}, 404, "model"),
-    ("chat-logprobs", CHAT, {"messages": USER, "logprobs": True}, 400, "logprobs"),
-    ("chat-top-logprobs", CHAT, {"messages": USER, "top_logprobs": 3}, 400, "top_logprobs"),
+    ("chat-logprobs-number", CHAT, {"messages": USER, "logprobs": 3}, 400, "logprobs"),
+    ("chat-top-logprobs-without-logprobs", CHAT, {"messages": USER, "top_logprobs": 3}, 400, "top_logprobs"),
+    ("chat-top-logprobs-over-20", CHAT, {"messages": USER, "logprobs": True, "top_logprobs": 21}, 400,
+     "top_logprobs"),
     ("chat-tools", CHAT, {"messages": USER, "tools": [{"type": "function"}]}, 400, "tools"),
     ("chat-tool-choice", CHAT, {"messages": USER, "tool_choice": "required"}, 400, "tool_choice"),
     ("chat-functions", CHAT, {"messages": USER, "functions": [{"name": "f"}]}, 400, "functions"),
     ("chat-function-call", CHAT, {"messages": USER, "function_call": "auto"}, 400, "function_call"),
-    ("chat-json-mode", CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, 400,
+    ("chat-json-schema-missing", CHAT, {"messages": USER, "response_format": {"type": "json_schema"}}, 400,
      "response_format"),
+    ("chat-json-schema-not-object", CHAT, {"messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": "{}"}}}, 400,
+     "response_format.json_schema.schema"),
+    ("chat-response-format-string", CHAT, {"messages": USER, "response_format": "json"}, 400, "response_format"),
     ("chat-audio", CHAT, {"messages": USER, "modalities": ["text", "audio"], "audio": {"voice": "x"}}, 400,
      "modalities"),
-    ("chat-n", CHAT, {"messages": USER, "n": 3}, 400, "n"),
+    ("chat-n", CHAT, {"messages": USER, "n": 9}, 400, "n"),
     ("chat-k-string", CHAT, {"messages": USER, "num_speculative_tokens": "many"}, 400, "num_speculative_tokens"),
     ("chat-over-context", CHAT, "CHATLONG:600", 400, "messages"),
     ("predict-missing-prompt", P, {}, 400, "prompt"),
@@ -405,6 +419,7 @@ BAD = [
     ("predict-prompt-list", P, {"prompt": ["a"]}, 400, "prompt"),
     ("predict-max-new-tokens-zero", P, {"prompt": "a", "max_new_tokens": 0}, 400, "max_new_tokens"),
     ("predict-max-new-tokens-absurd", P, {"prompt": "a", "max_new_tokens": 99999}, 400, "max_new_tokens"),
+    ("predict-n", P, {"prompt": "a", "n": 2}, 400, "n"),
 ]
 
 

@@ -11,6 +11,8 @@ Model ids: the server answers to its served names (settings.served_model_names, 
 --served-model-name); without any, to the target's name and "specdecode". GET /v1/models lists them all, and a
 response names the model id its request asked for (the first served name when the request named none).
 
+Beyond sampling: n choices per prompt, logprobs (OpenAI's legacy shape in completions, the chat shape in chat),
+response_format json_object / json_schema (on both endpoints: the engine's grammar constraint), ignore_eos.
 Unknown fields are ignored, and named in the response's X-Ignored-Fields header; parameters this server does not
 implement that would change the output are refused with a 400 naming them (schemas.UNSUPPORTED).
 """
@@ -28,6 +30,7 @@ from fastapi.responses import Response, StreamingResponse
 from .batcher import Batcher
 from .errors import ERROR_RESPONSES, APIError, install_error_handlers
 from .jobs import JobRunner
+from .logprobs import TokenTexts
 from .metrics import ServerMetrics
 from .middleware import AuthMiddleware, MetricsMiddleware
 from .playground import router as playground_router
@@ -67,7 +70,9 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
     metrics.queue_depth.set_function(lambda: batcher.queue_depth)
     metrics.running.set_function(lambda: batcher.running)
     metrics.running_rows.set_function(lambda: batcher.running_rows)
+    metrics.watch_policy(lambda: getattr(generator, "policy", None))  # every session uses the generator's policy
     runner = JobRunner(batcher, metrics, settings)
+    token_texts = TokenTexts(tokenizer)
 
     async def lifespan(_app):
         batcher.start()
@@ -89,10 +94,13 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
             generation = translate(body, kind, served, settings)
         job = generation.job
         headers = _ignored_header(generation.ignored)
-        log.debug("%s: %d prompt(s) of %s tokens, max_tokens %d, temperature %g, k %s%s", kind, len(job.prompts),
-                  "/".join(str(len(p)) for p in job.prompts), job.max_tokens[0], job.temperature,
-                  job.num_speculative_tokens, f"; ignored: {headers['X-Ignored-Fields']}" if headers else "")
-        responder = Responder(kind, generation.model, served.draft_name, generation.provenance)
+        log.debug("%s: %d prompt(s) of %s tokens, n %d, max_tokens %d, temperature %g, k %s%s%s%s", kind,
+                  len(job.prompts), "/".join(str(len(p)) for p in job.prompts), job.n, job.max_tokens[0],
+                  job.temperature, "auto" if job.num_speculative_tokens is None else job.num_speculative_tokens,
+                  ", constrained" if job.constrained else "", "" if job.logprobs is None else
+                  f", logprobs {job.logprobs}", f"; ignored: {headers['X-Ignored-Fields']}" if headers else "")
+        responder = Responder(kind, generation.model, served.draft_name, generation.provenance, generation.logprobs,
+                              token_texts)
         if generation.stream:
             events = await runner.stream(job, request, deadline, responder, generation.include_usage)
             return StreamingResponse(events, media_type="text/event-stream",
@@ -209,6 +217,8 @@ def _document_limits(schemas: dict, settings: ServerSettings, served: ServedMode
                 elif name == "num_speculative_tokens" and kind == "integer":
                     branch["minimum"], branch["maximum"] = (0, settings.max_speculative_tokens) \
                         if served.has_draft else (0, 0)
+                elif name == "n" and kind == "integer" and "maximum" not in branch:  # /predict's n is 1
+                    branch["maximum"] = settings.max_batch_size
                 elif name == "model" and kind == "string":
                     branch["enum"] = list(served.names)
                 elif name in ("prompt", "stop") and kind == "string":

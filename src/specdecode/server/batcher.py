@@ -2,11 +2,12 @@
 
 One worker thread owns the generator and one `DecodingSession` (torch releases the GIL, so the event loop keeps
 answering while it runs). The event loop submits jobs (a request's prompts and sampling settings) to a bounded
-FIFO queue. Between two engine steps the worker moves queued jobs into the session while it has room for their
-rows (max_batch_size rows at most), one `gen.request(...)` per prompt with the job's own settings and seed, so
-any mix of settings shares a batch; the session prefills new prompts in chunks (prefill_tokens_per_step) beside
-the running rows, which keep decoding. Each TokenEvent goes to its job's asyncio.Queue with
-`loop.call_soon_threadsafe`; a row leaves the batch as soon as it finishes.
+FIFO queue. A job's rows are its prompts times its n choices. Between two engine steps the worker moves queued
+jobs into the session while it has room for all their rows (max_batch_size rows at most), one engine Request per
+row with the job's own settings and seed, so any mix of settings (grammars and logprobs included) shares a batch;
+the session prefills new prompts in chunks (prefill_tokens_per_step) beside the running rows, which keep
+decoding. Each TokenEvent goes to its job's asyncio.Queue with `loop.call_soon_threadsafe`; a row leaves the batch
+as soon as it finishes.
 
 A job cancelled while queued leaves the queue at once; a job cancelled while running (client gone, timeout) has
 its rows cancelled before the next step, which frees them within that step; the other rows do not notice.
@@ -22,11 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..results import RowStats, Stats
+from ..results import GenerationResult, Stats
 
 log = logging.getLogger("specdecode.server")
-
-GREEDY_EPS = 1e-5  # temperatures below this are greedy decoding (as in vLLM): 1/T would overflow the logits
 
 
 class QueueFull(Exception):
@@ -50,19 +49,35 @@ class Started:
 
 @dataclass(frozen=True)
 class Token:
-    index: int  # the prompt's index within its job
+    index: int  # the row's index within its job: OpenAI's choice index
     event: Any  # the engine's TokenEvent
 
 
 @dataclass(frozen=True)
 class Done:
-    texts: list[str]
-    token_ids: list[list[int]]
-    finish_reasons: list[str]
-    prompt_tokens: list[int]
-    stats: Any  # a Stats of this job's own rows (counters) and its time in the engine
+    """A job's end: the engine's result of its rows, and its own statistics."""
+
+    result: GenerationResult  # of this job's rows, in choice order (its .stats is the session's: see `stats`)
+    prompt_tokens: list[int]  # each prompt's length, once however many choices it has
+    stats: Stats  # this job's own rows' counters, and its time in the engine
     batch_size: int  # the most rows the session ran in one step while this job was in it
-    row_stats: list = field(default_factory=list)  # the engine's RowStats of this request's own prompts
+
+    @property
+    def texts(self) -> list[str]:
+        result = self.result
+        return result.texts if result.texts is not None else [""] * len(result.token_ids)
+
+    @property
+    def token_ids(self) -> list[list[int]]:
+        return self.result.token_ids
+
+    @property
+    def finish_reasons(self) -> list[str]:
+        return self.result.finish_reasons
+
+    @property
+    def row_stats(self) -> list:
+        return self.result.row_stats
 
 
 @dataclass(frozen=True)
@@ -72,18 +87,27 @@ class Failed:
 
 @dataclass(eq=False)  # a job is itself, whatever its fields say
 class Job:
-    """One request's generation work: its prompts (token ids) and settings, and where its events go.
+    """One request's generation work: its prompts (token ids), n choices of each, its settings, and where its
+    events go.
 
-    Every prompt becomes a row of its own; with a seed S, prompt i is seeded S + i (as the engine's generate)."""
+    Row r = i * n + j is prompt i's choice j (OpenAI's choice index). With a seed S, row r draws the stream (S, r)
+    (the engine's seed_index), as row r of the engine's generate(prompts, seed=S) does. The settings are checked by
+    the engine's `request()`, in `prepare`."""
 
     prompts: list[list[int]]
     max_tokens: list[int]
+    n: int = 1
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    num_speculative_tokens: int | str | None = None  # "auto"/None: the session's policy; an int: this job's K
+    num_speculative_tokens: int | None = None  # None: the session's policy; an int: this job's K (0 = plain)
+    ignore_eos: bool = False
+    json_schema: dict | None = None  # response_format: the answer follows this JSON Schema...
+    json_object: bool = False  # ...or is any JSON object
+    logprobs: int | None = None  # None: off; N: each token's logprob and the N likeliest alternatives
+    engine_requests: list | None = None  # one engine Request per row, built once by prepare()
     loop: asyncio.AbstractEventLoop | None = None
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     created: float = field(default_factory=time.monotonic)
@@ -98,10 +122,6 @@ class Job:
     first_call: int = 0  # the session's target forward calls when the job joined
     last_token: dict = field(default_factory=dict)  # row -> time its last token was routed
 
-    def __post_init__(self):
-        if self.temperature < GREEDY_EPS:
-            self.temperature, self.top_k, self.top_p = 0.0, 0, 1.0  # greedy: top-k/top-p change nothing
-
     def post(self, item) -> None:
         """Hand an item to the job's event loop (from any thread)."""
         try:
@@ -109,14 +129,27 @@ class Job:
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
 
-    def requests(self, generator) -> list:
-        """One engine Request per prompt, with this job's settings (checked by the engine)."""
-        k = self.num_speculative_tokens
-        k = None if k == "auto" else k
-        return [generator.request(ids, max_new_tokens=limit, temperature=self.temperature, top_k=self.top_k,
-                                  top_p=self.top_p, seed=None if self.seed is None else self.seed + i,
-                                  stop=list(self.stop) or None, num_speculative_tokens=k)
-                for i, (ids, limit) in enumerate(zip(self.prompts, self.max_tokens))]
+    @property
+    def num_rows(self) -> int:
+        return len(self.prompts) * self.n
+
+    @property
+    def constrained(self) -> bool:
+        return self.json_schema is not None or self.json_object
+
+    def prepare(self, generator) -> list:
+        """The engine Requests of the job's rows, built (and so checked: a ValueError names the problem, a
+        constraints.ConstraintError a bad schema) once; the app calls it before queueing the job."""
+        if self.engine_requests is None:
+            constraint = generator.constraint(json_schema=self.json_schema, json_object=self.json_object)
+            self.engine_requests = [
+                generator.request(self.prompts[r // self.n], max_new_tokens=self.max_tokens[r // self.n],
+                                  temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed,
+                                  seed_index=r, ignore_eos=self.ignore_eos, stop=list(self.stop) or None,
+                                  num_speculative_tokens=self.num_speculative_tokens, constraint=constraint,
+                                  logprobs=self.logprobs)
+                for r in range(self.num_rows)]
+        return self.engine_requests
 
 
 class Batcher:
@@ -182,8 +215,8 @@ class Batcher:
                 self._thread.start()
 
     def submit(self, job: Job) -> None:
-        if len(job.prompts) > self.max_batch_size:
-            raise ValueError(f"{len(job.prompts)} prompts in one request; at most {self.max_batch_size} "
+        if job.num_rows > self.max_batch_size:
+            raise ValueError(f"{job.num_rows} rows (prompts × n) in one request; at most {self.max_batch_size} "
                              f"(--max-batch-size)")
         if job.loop is None:
             job.loop = asyncio.get_running_loop()
@@ -268,9 +301,9 @@ class Batcher:
             return []
         room = self.max_batch_size - sum(j.open_rows for j in self._running)
         taken = []
-        while self._pending and len(self._pending[0].prompts) <= room:
+        while self._pending and self._pending[0].num_rows <= room:
             job = self._pending.popleft()
-            room -= len(job.prompts)
+            room -= job.num_rows
             job.state = "running"
             taken.append(job)
         self._running += taken
@@ -279,8 +312,8 @@ class Batcher:
     def _join(self, job: Job) -> None:
         session = self.session
         try:
-            requests = job.requests(self.generator)
-        except ValueError as exc:  # the app checks first: only what it cannot know ends here
+            requests = job.prepare(self.generator)
+        except ValueError as exc:  # the app prepares jobs before queueing them: only direct users end here
             self._finish(job, Failed(exc))
             return
         job.rows = [session.add(r) for r in requests]
@@ -337,22 +370,10 @@ class Batcher:
 
     def _done(self, job: Job, now: float) -> Done:
         result = self.session.result(job.rows)
-        rows = result.row_stats
-        session_stats = self.session.stats
-        k = job.num_speculative_tokens
-        stats = Stats(num_rows=len(rows), prompt_tokens=sum(len(p) for p in job.prompts),
-                      new_tokens=sum(len(t) for t in result.token_ids),
-                      num_speculative_tokens=k if isinstance(k, int) else session_stats.num_speculative_tokens,
-                      policy=session_stats.policy, proposed_tokens=sum(r.proposed_tokens for r in rows),
-                      accepted_tokens=sum(r.accepted_tokens for r in rows),
-                      verification_steps=sum(r.verification_steps for r in rows),
-                      target_forward_calls=session_stats.target_forward_calls - job.first_call,
-                      wall_time_s=now - job.joined, num_rows_with_first_token=len(rows))
+        stats = _job_stats(job, result, self.session.stats, now)
         if self.metrics is not None:
-            self.metrics.observe_rows(rows, stats.prompt_tokens)
-        texts = result.texts if result.texts is not None else [""] * len(rows)
-        return Done(texts, result.token_ids, result.finish_reasons, [len(p) for p in job.prompts], stats,
-                    max(job.peak_rows, 1), [RowStats(**vars(r)) for r in rows])
+            self.metrics.observe_rows(result.row_stats, stats.prompt_tokens)
+        return Done(result, [len(p) for p in job.prompts], stats, max(job.peak_rows, 1))
 
     def _finish(self, job: Job, item) -> None:
         job.state = "finished"
@@ -365,3 +386,18 @@ class Batcher:
         for job in list(self._running):
             self._finish(job, Failed(exc))
         self._owner.clear()
+
+
+def _job_stats(job: Job, result: GenerationResult, session: Stats, now: float) -> Stats:
+    """A job's own Stats: its rows' counters (the engine's RowStats) summed, with the session's calls and time since
+    the job joined; its prompts count once however many choices they have (as in usage)."""
+    rows = result.row_stats
+    k = job.num_speculative_tokens
+    return Stats(num_rows=len(rows), prompt_tokens=sum(len(p) for p in job.prompts),
+                 new_tokens=sum(len(t) for t in result.token_ids),
+                 num_speculative_tokens=k if k is not None else session.num_speculative_tokens, policy=session.policy,
+                 proposed_tokens=sum(r.proposed_tokens for r in rows),
+                 accepted_tokens=sum(r.accepted_tokens for r in rows), forced_tokens=sum(r.forced_tokens for r in rows),
+                 verification_steps=sum(r.verification_steps for r in rows),
+                 target_forward_calls=session.target_forward_calls - job.first_call, wall_time_s=now - job.joined,
+                 num_rows_with_first_token=sum(1 for tokens in result.token_ids if tokens))

@@ -1,5 +1,6 @@
-"""Running a job for a request: submit it to the batcher, wait for its result or stream its tokens as SSE, and
-cancel it when its client goes away or its time is up."""
+"""Running a job for a request: build its engine requests (a bad setting or schema is a 400 before any work),
+submit it to the batcher, wait for its result or stream its tokens as SSE, and cancel it when its client goes away
+or its time is up."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class JobRunner:
 
     async def result(self, job: Job, request: Request, deadline: float) -> Done:
         """Submit and wait for the whole result (non-streaming requests)."""
+        await self._prepare(job)
         self._submit(job)
         try:
             while True:
@@ -42,6 +44,7 @@ class JobRunner:
                      include_usage: bool) -> AsyncIterator[bytes]:
         """Submit and wait until the job joins the engine's batch (errors until then are raised, to be answered with their
         status code); then the SSE events of its tokens, as an async iterator."""
+        await self._prepare(job)
         self._submit(job)
         try:
             while True:
@@ -56,7 +59,7 @@ class JobRunner:
 
     async def _events(self, job: Job, deadline: float, responder: Responder,
                       include_usage: bool) -> AsyncIterator[bytes]:
-        open_rows = set(range(len(job.prompts)))
+        open_rows = set(range(job.num_rows))
         ended = False  # True once the job is over: nothing left to cancel
         try:
             for i in sorted(open_rows):
@@ -96,6 +99,24 @@ class JobRunner:
         finally:
             if not ended:  # the client went away mid-stream: free its rows
                 self.batcher.cancel(job, "disconnect")
+
+    async def _prepare(self, job: Job) -> None:
+        """The job's engine requests, checked by the engine; a grammar is compiled off the event loop."""
+        generator = self.batcher.generator
+        if not job.constrained:
+            try:
+                job.prepare(generator)
+            except ValueError as exc:
+                raise bad_request(str(exc)) from None
+            return
+        from ..constraints import ConstraintError  # the grammar engine is imported only when a request needs it
+
+        try:
+            await asyncio.to_thread(job.prepare, generator)
+        except ConstraintError as exc:
+            raise bad_request(f"response_format: {exc}", "response_format") from None
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None
 
     def _submit(self, job: Job) -> None:
         self.batcher.start()  # no-op once started; covers apps run without their lifespan

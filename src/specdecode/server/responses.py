@@ -9,10 +9,14 @@ each with a top-level "specdecode" object that plain OpenAI clients ignore:
                              "accepted_tokens": 12, "verification_steps": 4, "new_tokens": 14}}
 
 provenance is "accepted" (a draft token the target kept), "resampled" (the target's correction after a rejected
-draft), "bonus" (the target's extra token after every draft was accepted) or "target" (plain decoding, and the
-first token, from the prefill); step is the engine step that decided the token, num_drafts the drafts the row
-proposed in that step. stats are the row's running counters over the tokens streamed so far (the final, exact ones
-come in the usage chunk's "speculative", with stream_options.include_usage).
+draft), "bonus" (the target's extra token after every draft was accepted), "target" (plain decoding, and the
+first token, from the prefill) or "forced" (the response_format grammar allowed this token alone); step is the
+engine step that decided the token, num_drafts the drafts the row proposed in that step. stats are the row's
+running counters over the tokens streamed so far (the final, exact ones come in the usage chunk's "speculative",
+with stream_options.include_usage).
+
+With logprobs, every token gets a chunk (one that completes no character yet has empty text) carrying its
+logprobs in OpenAI's shape for the endpoint (logprobs.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import uuid
 from pydantic import BaseModel
 
 from .batcher import Done
+from .logprobs import CompletionLogprobBuilder, TokenTexts, chat_logprobs
 from .schemas import (ChatChoice, ChatCompletionResponse, ChatResponseMessage, CompletionChoice, CompletionResponse,
                       PredictResponse, SpeculativeStats, Usage)
 
@@ -34,22 +39,20 @@ def finish_reason(reason: str | None) -> str:
 
 
 def usage(done: Done) -> Usage:
+    """Prompt tokens once per prompt (however many choices it has), completion tokens summed over the choices."""
     prompt = sum(done.prompt_tokens)
     completion = sum(len(t) for t in done.token_ids)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
 def speculative(done: Done, draft_name: str | None) -> SpeculativeStats:
-    """This request's own counters (its rows of the engine batch), plus its batch's call count and time."""
-    s, rows = done.stats, done.row_stats
-    proposed = sum(r.proposed_tokens for r in rows)
-    accepted = sum(r.accepted_tokens for r in rows)
-    steps = sum(r.verification_steps for r in rows)
-    emitted = sum(r.new_tokens - 1 for r in rows if r.new_tokens)  # the first token comes from the prefill
+    """This request's own counters (its rows of the engine batch: done.stats), plus its batch's call count and
+    time."""
+    s = done.stats
     return SpeculativeStats(draft_model=draft_name, num_speculative_tokens=s.num_speculative_tokens,
-                            acceptance_rate=accepted / proposed if proposed else 0.0,
-                            mean_accepted_length=emitted / steps if steps else 0.0, proposed_tokens=proposed,
-                            accepted_tokens=accepted, verification_steps=steps,
+                            acceptance_rate=s.acceptance_rate, mean_accepted_length=s.mean_accepted_length,
+                            proposed_tokens=s.proposed_tokens, accepted_tokens=s.accepted_tokens,
+                            forced_tokens=s.forced_tokens, verification_steps=s.verification_steps,
                             target_forward_calls=s.target_forward_calls, batch_size=done.batch_size,
                             wall_time_s=s.wall_time_s)
 
@@ -60,15 +63,22 @@ def sse(data: dict | str) -> bytes:
 
 
 class Responder:
-    """Builds the answer to one request of a kind ("completion", "chat" or "predict"), whole or as chunks."""
+    """Builds the answer to one request of a kind ("completion", "chat" or "predict"), whole or as chunks.
 
-    def __init__(self, kind: str, model: str, draft_name: str | None, provenance: bool = False):
+    With logprobs (not None), token_texts names the tokens in them."""
+
+    def __init__(self, kind: str, model: str, draft_name: str | None, provenance: bool = False,
+                 logprobs: int | None = None, token_texts: TokenTexts | None = None):
+        if logprobs is not None and token_texts is None:
+            raise ValueError("logprobs need token_texts to name the tokens")
         self.kind, self.model, self.draft_name = kind, model, draft_name
         self.chat = kind == "chat"
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.provenance = provenance
+        self.logprobs, self.token_texts = logprobs, token_texts
         self._rows: dict[int, RunningStats] = {}
+        self._offsets: dict[int, CompletionLogprobBuilder] = {}  # a streamed choice's text offsets so far
 
     # ------------------------------------------------------------------ whole responses
     def body(self, done: Done) -> BaseModel:
@@ -79,13 +89,26 @@ class Responder:
             return PredictResponse(text=done.texts[0], finish_reason=reasons[0], stats=stats)
         common = dict(id=self.id, created=self.created, model=self.model, usage=usage(done),
                       speculative=speculative(done, self.draft_name))
+        logprobs = [self._logprobs(i, done) for i in range(len(reasons))]
         if self.chat:
-            choices = [ChatChoice(index=i, message=ChatResponseMessage(content=text), finish_reason=reason)
-                       for i, (text, reason) in enumerate(zip(done.texts, reasons))]
+            choices = [ChatChoice(index=i, message=ChatResponseMessage(content=text), logprobs=lp,
+                                  finish_reason=reason)
+                       for i, (text, reason, lp) in enumerate(zip(done.texts, reasons, logprobs))]
             return ChatCompletionResponse(choices=choices, **common)
-        choices = [CompletionChoice(index=i, text=text, finish_reason=reason)
-                   for i, (text, reason) in enumerate(zip(done.texts, reasons))]
+        choices = [CompletionChoice(index=i, text=text, logprobs=lp, finish_reason=reason)
+                   for i, (text, reason, lp) in enumerate(zip(done.texts, reasons, logprobs))]
         return CompletionResponse(choices=choices, **common)
+
+    def _logprobs(self, index: int, done: Done) -> BaseModel | None:
+        """A whole choice's logprobs in the endpoint's shape (None when not asked for)."""
+        result = done.result
+        if self.logprobs is None or result.logprobs is None or result.logprobs[index] is None:
+            return None
+        tokens, values = result.token_ids[index], result.logprobs[index]
+        tops = (result.top_logprobs[index] if result.top_logprobs is not None else None) or [None] * len(tokens)
+        if self.chat:
+            return chat_logprobs(self.token_texts, tokens, values, tops)
+        return CompletionLogprobBuilder(self.token_texts).add(tokens, values, tops)
 
     # ------------------------------------------------------------------ server-sent events
     def opening(self, index: int) -> dict | None:
@@ -97,17 +120,29 @@ class Responder:
         return self._chunk([self._choice(index, text, finish and finish_reason(finish))])
 
     def token(self, index: int, event) -> dict | None:
-        """The chunk of one token event (a TokenEvent): its text, with provenance its "specdecode" object; None
-        when there is nothing to send (a token that completes no character yet, without provenance)."""
-        if not self.provenance:
+        """The chunk of one token event (a TokenEvent): its text, with logprobs its logprobs, with provenance its
+        "specdecode" object; None when there is nothing to send (a token that completes no character yet, and
+        neither logprobs nor provenance asked for)."""
+        with_logprobs = self.logprobs is not None and event.logprob is not None
+        if not (self.provenance or with_logprobs):
             return self.delta(index, event.text) if event.text else None
-        stats = self._rows.setdefault(index, RunningStats())
-        stats.add(event)
-        token = {"id": event.token_id, "text": event.text or "", "provenance": event.provenance, "step": event.step,
-                 "num_drafts": event.num_drafts}
         chunk = self.delta(index, event.text or "")
-        chunk["specdecode"] = {"tokens": [token], "stats": stats.to_dict()}
+        if with_logprobs:
+            chunk["choices"][0]["logprobs"] = self._token_logprobs(index, event).model_dump()
+        if self.provenance:
+            stats = self._rows.setdefault(index, RunningStats())
+            stats.add(event)
+            token = {"id": event.token_id, "text": event.text or "", "provenance": event.provenance,
+                     "step": event.step, "num_drafts": event.num_drafts}
+            chunk["specdecode"] = {"tokens": [token], "stats": stats.to_dict()}
         return chunk
+
+    def _token_logprobs(self, index: int, event) -> BaseModel:
+        tokens, values, tops = [event.token_id], [event.logprob], [event.top_logprobs]
+        if self.chat:
+            return chat_logprobs(self.token_texts, tokens, values, tops)
+        builder = self._offsets.setdefault(index, CompletionLogprobBuilder(self.token_texts))
+        return builder.add(tokens, values, tops)
 
     def usage_chunk(self, done: Done) -> dict:
         """The last chunk before [DONE] with stream_options.include_usage: no choices, the usage and statistics."""
@@ -130,7 +165,8 @@ class RunningStats:
     """A row's speculative counters over the token events streamed so far (RowStats' fields, counted from them).
 
     The first event is the prefill's token; after it, each run of events with one step number is one verification
-    step, which proposed num_drafts drafts and kept the events marked "accepted"."""
+    step, which proposed num_drafts drafts and kept the events marked "accepted" (a "forced" event is a token the
+    grammar allowed alone, no draft's)."""
 
     def __init__(self):
         self.new_tokens = self.proposed_tokens = self.accepted_tokens = self.verification_steps = 0

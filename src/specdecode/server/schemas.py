@@ -2,9 +2,10 @@
 
 Requests are validated strictly: a string where a number belongs, a float where an integer belongs, or a boolean
 where an integer belongs is a 400, never silently coerced. Limits that depend on the server's settings
-(max_tokens, num_speculative_tokens, the vocabulary) are checked by the app, which knows them.
+(max_tokens, n, num_speculative_tokens, the vocabulary) are checked by the app, which knows them; sampling values
+and JSON schemas by the engine's request(), before the request is queued.
 
-Parameters this server does not implement and that would change the output (n > 1, logprobs, penalties, tools...)
+Parameters this server does not implement and that would change the output (best_of, echo, penalties, tools...)
 are declared with their neutral value only (UNSUPPORTED): anything else is a 400 naming them, never a silent
 no-op. Fields that no schema here declares are ignored and named in the response's X-Ignored-Fields header.
 """
@@ -13,20 +14,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 MAX_STOP_STRINGS = 4
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI allows (and what the engine computes at most)
+SEED_MAX = 2**64 - 1  # numpy's SeedSequence, which mixes a row's stream, takes any integer >= 0
 
 # Unsupported parameters -> the neutral value(s) they are accepted at (besides being left out or null).
 UNSUPPORTED: dict[str, str] = {
-    "n": "1", "best_of": "1", "logprobs": "null (or false in chat)", "top_logprobs": "0", "echo": "false",
-    "suffix": '""', "presence_penalty": "0", "frequency_penalty": "0", "logit_bias": "{}", "tools": "[]",
-    "tool_choice": '"none"', "functions": "[]", "function_call": '"none"', "response_format": '{"type": "text"}',
+    "best_of": "1", "echo": "false", "suffix": '""', "presence_penalty": "0", "frequency_penalty": "0",
+    "logit_bias": "{}", "tools": "[]", "tool_choice": '"none"', "functions": "[]", "function_call": '"none"',
     "modalities": '["text"]', "audio": "null",
     # other servers' sampling extensions, refused rather than ignored for the same reason
-    "repetition_penalty": "1", "min_p": "0", "min_tokens": "0", "ignore_eos": "false", "stop_token_ids": "[]",
+    "repetition_penalty": "1", "min_p": "0", "min_tokens": "0", "stop_token_ids": "[]",
 }
+LOGPROBS_MEANING = ("The target model's log-probabilities under the distribution each token was actually drawn "
+                    "from: after temperature, top-k, top-p and the response_format grammar (vLLM's "
+                    "logprobs_mode \"processed_logprobs\"); for greedy requests (temperature 0) the log-softmax of "
+                    "the logits the grammar allows. A token those settings exclude reads -9999.0 (JSON has no "
+                    "-infinity).")
 
 
 def _integral_float(value):
@@ -104,8 +110,41 @@ class SpecdecodeOptions(_Request):
         False, description="With stream=true, every token gets a chunk of its own carrying a top-level "
                            "\"specdecode\" object: {\"tokens\": [{id, text, provenance, step, num_drafts}], "
                            "\"stats\": {acceptance_rate, mean_accepted_length, proposed_tokens, accepted_tokens, "
-                           "verification_steps, new_tokens}} (provenance: accepted, resampled, bonus or target; "
-                           "stats: the prompt's running counters). Plain OpenAI clients ignore it.")
+                           "verification_steps, new_tokens}} (provenance: accepted, resampled, bonus, "
+                           "target or forced (the response_format grammar allowed this token alone); stats: the "
+                           "prompt's running counters). Plain OpenAI clients ignore it.")
+
+
+class JSONSchemaSpec(_Request):
+    name: Optional[str] = Field(None, description="The schema's name (OpenAI's clients send one); not used.")
+    description: Optional[str] = Field(None, description="Accepted and not used.")
+    schema_: Optional[dict[str, Any]] = Field(
+        None, alias="schema", description="The JSON Schema the answer follows; left out: any JSON object.")
+    strict: Optional[bool] = Field(None, description="Accepted; the answer follows the schema whatever it says "
+                                                     "(a grammar masks every token).")
+
+
+class ResponseFormat(_Request):
+    """OpenAI's response_format; with json_object or json_schema a grammar allows only the tokens that keep the answer
+    valid JSON (of that schema), written compact (no whitespace between tokens) unless the schema asks otherwise
+    with llguidance's key "x-guidance": {"whitespace_flexible": true}. An answer cut by max_tokens ends with
+    finish_reason "length", unfinished."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JSONSchemaSpec] = Field(None, description='With type "json_schema": {"name", "schema", '
+                                                                    '"strict"}.')
+    schema_: Optional[dict[str, Any]] = Field(
+        None, alias="schema", description='llama.cpp\'s form: with type "json_object", a JSON Schema to follow.')
+
+    @model_validator(mode="after")
+    def _parts_match_the_type(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('type "json_schema" needs a "json_schema" object: {"name": ..., "schema": {...}}')
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise ValueError(f'"json_schema" goes with type "json_schema", not {self.type!r}')
+        if self.type == "text" and self.schema_ is not None:
+            raise ValueError('a "schema" needs type "json_object" or "json_schema", not "text"')
+        return self
 
 
 class _Sampling(_Request):
@@ -116,8 +155,8 @@ class _Sampling(_Request):
     top_p: Optional[float] = Field(1.0, gt=0.0, le=1.0)
     top_k: Optional[Int(ge=-1)] = Field(
         None, description="Extension: sample from the k likeliest tokens (0 or -1 disables).")
-    seed: Optional[Int(ge=SEED_MIN, le=SEED_MAX)] = Field(
-        None, description="Same seed, same output: a seeded request runs in a batch of its own.")
+    seed: Optional[Int(ge=0, le=SEED_MAX)] = Field(
+        None, description="Same seed, same output, whatever shares the batch.")
     stop: Optional[Union[str, list[str]]] = Field(
         None, description=f"Up to {MAX_STOP_STRINGS} stop strings; the stop string is not returned.")
     num_speculative_tokens: Optional[Union[Int(ge=0), Literal["auto"]]] = Field(
@@ -128,15 +167,20 @@ class _Sampling(_Request):
     store: Optional[bool] = Field(None, description="Accepted and not used (nothing is stored).")
     service_tier: Optional[str] = Field(None, description="Accepted and not used.")
 
+    n: Optional[Int(ge=1)] = Field(
+        1, description="Choices per prompt, each sampled on its own random stream: prompt i's choice j is choice "
+                       "i × n + j, and with a seed S it draws the stream (S, i × n + j), so choice 0 is the n = 1 "
+                       "answer. n × prompts is at most --max-batch-size. Usage counts a prompt once.")
+    ignore_eos: Optional[bool] = Field(False, description="Extension (vLLM's): keep generating past the end-of-"
+                                                          "sequence token, up to max_tokens or a stop string.")
+
     # Unsupported (see UNSUPPORTED): accepted only at their neutral values.
-    n: Optional[Int(ge=1, le=1)] = Field(1, description=_not_supported("1"))
     presence_penalty: Optional[float] = Field(None, ge=0, le=0, description=_not_supported("0"))
     frequency_penalty: Optional[float] = Field(None, ge=0, le=0, description=_not_supported("0"))
     logit_bias: Optional[dict[str, float]] = Field(None, max_length=0, description=_not_supported("{}"))
     repetition_penalty: Optional[float] = Field(None, ge=1, le=1, description=_not_supported("1"))
     min_p: Optional[float] = Field(None, ge=0, le=0, description=_not_supported("0"))
     min_tokens: Optional[Int(ge=0, le=0)] = Field(None, description=_not_supported("0"))
-    ignore_eos: Optional[Literal[False]] = Field(None, description=_not_supported("false"))
     stop_token_ids: Optional[list[int]] = Field(None, max_length=0, description=_not_supported("[]"))
 
     @field_validator("stop", mode="before")
@@ -154,8 +198,15 @@ class CompletionRequest(_Sampling):
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
     specdecode: Optional[SpecdecodeOptions] = Field(None, description="Extension: token provenance in streams.")
+    logprobs: Optional[Int(ge=0, le=MAX_LOGPROBS)] = Field(
+        None, description=f"Each token's log-probability and the N (0..{MAX_LOGPROBS}) likeliest tokens at its "
+                          f"position (choices[].logprobs: tokens, token_logprobs, top_logprobs, text_offset, offsets "
+                          f"into the choice's text); the sampled token is always listed, so a position may list N + 1. "
+                          + LOGPROBS_MEANING)
+    response_format: Optional[ResponseFormat] = Field(
+        None, description='Extension (as vLLM and llama.cpp): {"type": "json_object"} or {"type": "json_schema", '
+                          '"json_schema": {"name": ..., "schema": {...}}}, as in chat.')
     best_of: Optional[Int(ge=1, le=1)] = Field(None, description=_not_supported("1"))
-    logprobs: None = Field(None, description=_not_supported("null"))
     echo: Optional[Literal[False]] = Field(None, description=_not_supported("false"))
     suffix: Optional[str] = Field(None, max_length=0, description=_not_supported('""'))
 
@@ -183,10 +234,6 @@ class ChatMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
-class TextFormat(_Request):
-    type: Literal["text"]
-
-
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_tokens: Optional[TokenCount] = Field(
@@ -196,13 +243,17 @@ class ChatCompletionRequest(_Sampling):
     stream_options: Optional[StreamOptions] = None
     specdecode: Optional[SpecdecodeOptions] = Field(None, description="Extension: token provenance in streams.")
     parallel_tool_calls: Optional[bool] = Field(None, description="Accepted and not used (no tools).")
-    logprobs: Optional[Literal[False]] = Field(None, description=_not_supported("false"))
-    top_logprobs: Optional[Int(ge=0, le=0)] = Field(None, description=_not_supported("0"))
+    logprobs: Optional[bool] = Field(
+        False, description="Each output token's log-probability (choices[].logprobs.content). " + LOGPROBS_MEANING)
+    top_logprobs: Optional[Int(ge=0, le=MAX_LOGPROBS)] = Field(
+        None, description=f"With logprobs: true, the 0..{MAX_LOGPROBS} likeliest tokens at each position too.")
+    response_format: Optional[ResponseFormat] = Field(
+        None, description='{"type": "text"} (the default), {"type": "json_object"} (any JSON object) or {"type": '
+                          '"json_schema", "json_schema": {"name": ..., "schema": {...}}}.')
     tools: Optional[list[Any]] = Field(None, max_length=0, description=_not_supported("[]"))
     tool_choice: Optional[Literal["none"]] = Field(None, description=_not_supported('"none"'))
     functions: Optional[list[Any]] = Field(None, max_length=0, description=_not_supported("[]"))
     function_call: Optional[Literal["none"]] = Field(None, description=_not_supported('"none"'))
-    response_format: Optional[TextFormat] = Field(None, description=_not_supported('{"type": "text"}'))
     modalities: Optional[list[Literal["text"]]] = Field(None, description=_not_supported('["text"]'))
     audio: None = Field(None, description=_not_supported("null"))
 
@@ -211,6 +262,7 @@ class PredictRequest(_Sampling):
     """The old seed server's body: a prompt, and optionally the sampling fields."""
 
     prompt: str = Field(..., min_length=1)
+    n: Optional[Int(ge=1, le=1)] = Field(1, description="One answer per request here: use /v1/completions for more.")
     max_new_tokens: Optional[TokenCount] = Field(None, description="New tokens at most (default 64).")
     max_tokens: Optional[TokenCount] = Field(None, description="Alias of max_new_tokens.")
 
@@ -242,16 +294,28 @@ class SpeculativeStats(BaseModel):
     mean_accepted_length: float = Field(description="Tokens emitted per target verification and row.")
     proposed_tokens: int
     accepted_tokens: int
+    forced_tokens: int = Field(0, description="Tokens the response_format grammar forced (verified as certain "
+                                              "drafts; not counted in proposed_tokens).")
     verification_steps: int
     target_forward_calls: int
     batch_size: int = Field(description="Prompts in the engine batch (this request's and others').")
     wall_time_s: float
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy completions shape: per token, its text, log-probability, the likeliest tokens (text -> logprob,
+    the sampled token included) and where its text begins in the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[str] = None
 
 
@@ -270,10 +334,25 @@ class ChatResponseMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = Field(description="The token's own bytes (a token may hold part of a character).")
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: Optional[list[TokenLogprob]] = None
+    refusal: Optional[list[TokenLogprob]] = None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: ChatResponseMessage
-    logprobs: None = None
+    logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
 
 

@@ -1,6 +1,8 @@
 """Request to engine: one function, `translate`, turns a completions, chat or /predict body into an engine job
-(prompt token ids, per-prompt token limits, sampling settings, stop strings) and checks everything the schema
-cannot know: the served model ids, the vocabulary, the context window, the server's limits.
+(prompt token ids, per-prompt token limits, choices per prompt, sampling settings, stop strings, the
+response_format's constraint, logprobs) and checks everything the schema cannot know: the served model ids, the
+vocabulary, the context window, the server's limits. Sampling values and the constraint itself are checked by the
+engine's `request()` (one place), which the JobRunner calls before queueing.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from ..chat import ChatTemplateError, NoChatTemplateError, encode_chat
+from ..speculation import Speculation
 from .batcher import Job
 from .errors import APIError, bad_request
 from .settings import ServedModel, ServerSettings
@@ -30,6 +33,7 @@ class Generation:
     stream: bool = False
     include_usage: bool = False
     provenance: bool = False  # stream each token with its provenance (the "specdecode" extension)
+    logprobs: int | None = None  # None: no logprobs; N: each token's and the N likeliest alternatives'
     ignored: list[str] = field(default_factory=list)  # fields no schema declares, named in X-Ignored-Fields
 
 
@@ -48,12 +52,16 @@ def translate(body, kind: Kind, served: ServedModel, settings: ServerSettings) -
         max_tokens = min(settings.max_tokens_limit, room)
     for ids, param in zip(prompts, params):
         _check_fits(ids, max_tokens, param, tokens_param, served.context_length)
-    job = Job(prompts=prompts, max_tokens=[max_tokens] * len(prompts), **sampling)
+    n = _choices(body, len(prompts), settings)
+    logprobs = _logprobs(body, kind)
+    job = Job(prompts=prompts, max_tokens=[max_tokens] * len(prompts), n=n, logprobs=logprobs,
+              **_response_format(body), **sampling)
     options = getattr(body, "stream_options", None)
     extension = getattr(body, "specdecode", None)
     return Generation(kind, model, job, stream=bool(getattr(body, "stream", False)),
                       include_usage=bool(options and options.include_usage),
-                      provenance=bool(extension and extension.provenance), ignored=ignored_fields(body))
+                      provenance=bool(extension and extension.provenance), logprobs=logprobs,
+                      ignored=ignored_fields(body))
 
 
 def resolve_model(requested: str | None, served: ServedModel) -> str:
@@ -175,19 +183,63 @@ def _requested_max_tokens(body, kind: Kind, settings: ServerSettings) -> tuple[i
 
 
 def _sampling(body, served: ServedModel, settings: ServerSettings) -> dict:
-    """The Job's sampling fields: temperature, top-k, top-p, seed, stop strings, draft length."""
-    k = body.num_speculative_tokens
-    if k is not None:
-        if not served.has_draft:
-            if k != 0:
-                raise bad_request("num_speculative_tokens needs a draft model, and this server runs without one "
-                                  "(only 0 is accepted)", "num_speculative_tokens")
-            k = None
-        elif k != "auto" and not 0 <= k <= settings.max_speculative_tokens:  # 0: plain decoding (a race's baseline)
-            raise bad_request(f"num_speculative_tokens must be between 0 and {settings.max_speculative_tokens}, "
-                              f"got {k}", "num_speculative_tokens")
+    """The Job's sampling fields: temperature, top-k, top-p, seed, stop strings, draft length, ignore_eos (their
+    values are checked by the engine's request())."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return dict(temperature=1.0 if body.temperature is None else body.temperature,
                 top_k=body.top_k if body.top_k is not None and body.top_k > 0 else 0,
                 top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed, stop=stop,
-                num_speculative_tokens=k)
+                num_speculative_tokens=_speculative_tokens(body.num_speculative_tokens, served, settings),
+                ignore_eos=bool(body.ignore_eos))
+
+
+def _speculative_tokens(value, served: ServedModel, settings: ServerSettings) -> int | None:
+    """The request's fixed K (0: plain decoding, a race's baseline), or None for the server's policy."""
+    if value is None:
+        return None
+    try:
+        k = Speculation.parse(value).k
+    except ValueError as exc:
+        raise bad_request(str(exc), "num_speculative_tokens") from None
+    if not served.has_draft:
+        if k not in (None, 0):
+            raise bad_request("num_speculative_tokens needs a draft model, and this server runs without one "
+                              "(only 0 or \"auto\" is accepted)", "num_speculative_tokens")
+        return None
+    if k is not None and k > settings.max_speculative_tokens:
+        raise bad_request(f"num_speculative_tokens is {k}; this server allows at most "
+                          f"{settings.max_speculative_tokens}", "num_speculative_tokens")
+    return k
+
+
+def _choices(body, prompts: int, settings: ServerSettings) -> int:
+    """n, the choices per prompt: every choice is a row, and a request's rows share one batch."""
+    n = body.n or 1
+    if prompts * n > settings.max_batch_size:
+        of = f"each of {prompts} prompts" if prompts > 1 else "the prompt"
+        raise bad_request(f"n is {n}: {n} choices of {of} make {prompts * n} rows, and this server runs at most "
+                          f"{settings.max_batch_size} at once (--max-batch-size): lower n", "n")
+    return n
+
+
+def _logprobs(body, kind: Kind) -> int | None:
+    """How many alternatives per token the request's logprobs ask for (0: the sampled token's only); None: off."""
+    if kind == "completion":
+        return body.logprobs
+    if kind != "chat":
+        return None
+    if not body.logprobs:
+        if body.top_logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+        return None
+    return body.top_logprobs or 0
+
+
+def _response_format(body) -> dict:
+    """The Job's constraint fields of a response_format: a JSON Schema to follow, or any JSON object (the engine's
+    request() compiles them, and names what is wrong with a schema)."""
+    fmt = getattr(body, "response_format", None)
+    if fmt is None or fmt.type == "text":
+        return {}
+    schema = fmt.json_schema.schema_ if fmt.type == "json_schema" else fmt.schema_
+    return dict(json_schema=schema, json_object=schema is None)
