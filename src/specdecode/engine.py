@@ -149,7 +149,7 @@ class SpeculativeGenerator:
         one per row (None: that row is free). A row's output depends only on its own prompt, settings and seed,
         never on the other rows of the batch. An int seed S is one request of n rows: row i draws from the stream
         of (S, i), mixed by numpy's SeedSequence, so different seeds never share a stream and row 0 equals a solo
-        call with seed=S; a list gives each row its own seed (each a one-row request).
+        call with seed=S; a list gives each row its own seed (each a one-row request), or (seed, index) pairs.
         json_schema (a dict or JSON text), grammar (Lark, as llguidance takes it) or regex constrain a row's
         output; at most one of them per row. return_logprobs=N reports every new token's log-probability and the
         N most likely tokens at its position (0..20) in result.logprobs / result.top_logprobs.
@@ -283,9 +283,11 @@ def _per_row(value, n: int, name: str, scalar: type | None = None) -> list:
 
 def _row_seeds(seed, n: int) -> tuple[list, list[int]]:
     """(seed, row index within its request) per row: an int S is one request of n rows; a list gives each row a
-    request of its own (None: fresh randomness)."""
+    request of its own (None: fresh randomness), or a (seed, index) pair: row `index` of the request seeded `seed`
+    (a caller that cuts one request into several calls keeps each row's stream that way)."""
     if isinstance(seed, (list, tuple)):
-        return _per_row(seed, n, "seed"), [0] * n
+        pairs = [s if isinstance(s, tuple) and len(s) == 2 else (s, 0) for s in _per_row(seed, n, "seed")]
+        return [s for s, _ in pairs], [i for _, i in pairs]
     if isinstance(seed, int) and not isinstance(seed, bool):
         return [seed] * n, list(range(n))
     return [seed] * n, [0] * n  # None, or a bad value that request() rejects with a clear error

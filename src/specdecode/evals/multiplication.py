@@ -69,7 +69,7 @@ def _answer_all(generator, prompts: list[str], batch_size: int, seed: int, kwarg
     texts, stats = [], []
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]
-        result = generator.generate(batch, seed=seed + start, **kwargs)
+        result = generator.generate(batch, seed=[(seed, start + j) for j in range(len(batch))], **kwargs)
         texts += result.texts
         stats.append(result.stats)
         if progress is not None:

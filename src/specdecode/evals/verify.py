@@ -157,15 +157,14 @@ def sample_speculative(generator, prompt_ids: list[int], params: SamplingParams,
                        progress: Callable[[int], None] | None = None) -> SampleSet:
     """n sequences of `positions` tokens from the generator, in batches of identical prompts.
 
-    The engine seeds row j of a call with seed + j: a call starting at sample i passes seed + i, so every sample
-    has a seed of its own.
+    Sample i is row i of one request seeded `seed` (a (seed, i) pair per row), whatever the batch it falls in.
     """
     out = SampleSet([])
     while len(out.sequences) < n:
         rows = min(batch_size, n - len(out.sequences))
         result = generator.generate([list(prompt_ids)] * rows, max_new_tokens=positions,
                                     temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                                    seed=seed + len(out.sequences), ignore_eos=True)
+                                    seed=[(seed, len(out.sequences) + j) for j in range(rows)], ignore_eos=True)
         for tokens, kinds in zip(result.token_ids, result.provenance):
             if len(tokens) != positions:
                 raise RuntimeError(f"the generator returned {len(tokens)} tokens instead of {positions}")
