@@ -17,6 +17,7 @@ import time
 
 import pytest
 import torch
+import typer
 from typer.testing import CliRunner
 
 from specdecode.cli.app import app
@@ -88,16 +89,86 @@ def test_help_lists_the_commands_and_options_once_declared():
     assert "[default: auto]" in ok("generate", "--help", env={"COLUMNS": "200"}).stdout
 
 
-def test_k_values():
-    from specdecode.cli.options import CLIError, parse_k, parse_k_list
+def test_k_values_are_parsed_by_speculation_parse():
+    from specdecode.cli.options import parse_k, parse_k_list
+    from specdecode.errors import OptionError
+    from specdecode.speculation import MAX_K
 
-    assert parse_k("auto") == "auto" and parse_k(" AUTO ") == "auto" and parse_k("3") == 3
-    assert parse_k_list("auto,2,4,2") == ["auto", 2, 4] and parse_k_list("5") == [5]
-    for bad in ("0", "-1", "x", "2.5", ""):
-        with pytest.raises(CLIError, match="-k"):
+    assert parse_k("auto") == "auto" and parse_k(" AUTO ") == "auto" and parse_k("3") == 3 and parse_k(0) == 0
+    assert parse_k(str(MAX_K)) == MAX_K
+    assert parse_k_list("auto,2,4,2") == ["auto", 2, 4] and parse_k_list("5") == [5] and parse_k_list("0,1") == [0, 1]
+    for bad in ("-1", "x", "2.5", "", str(MAX_K + 1), "2,4"):
+        with pytest.raises(OptionError, match=f"'auto' or an integer 0..{MAX_K}") as excinfo:
             parse_k(bad)
-    with pytest.raises(CLIError, match="-k"):
+        assert excinfo.value.option == "k"
+    with pytest.raises(OptionError, match="at least one value"):
         parse_k_list(" , ")
+
+
+def test_nothing_outside_the_cli_imports_it():
+    """The library, the server and bench never import the command line (its __main__ aside)."""
+    import ast
+    from pathlib import Path
+
+    import specdecode
+
+    root = Path(specdecode.__file__).parent
+    for path in root.rglob("*.py"):
+        relative = path.relative_to(root)
+        if relative.parts[0] == "cli" or relative.name == "__main__.py":
+            continue
+        package = [root.name, *relative.parent.parts]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                names = [".".join([*base, *(node.module or "").split(".")]).strip(".")]
+                names += [f"{names[0]}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            assert not any(n == "specdecode.cli" or n.startswith("specdecode.cli.") for n in names), \
+                f"{relative} imports the CLI ({names[0]})"
+
+
+def test_the_command_line_is_built_without_torch():
+    """Every command's options, --backend's choices and help among them, are there without importing torch (or
+    any backend): --help and argument errors answer at once."""
+    import sys
+
+    code = ("import sys, typer; from specdecode.cli import app; command = typer.main.get_command(app); "
+            "assert 'torch' not in sys.modules; "
+            "print([p.help for p in command.commands['generate'].params if p.name == 'backend'][0])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for name in ("transformers", "llamacpp", "static"):
+        assert f"{name} (" in result.stdout
+
+
+def test_sampling_options_declared_once_with_lists_and_subsets():
+    """@sampling_options as the bench commands use it: comma lists, a subset of the options, defaults of their own;
+    every value checked by SamplingParams, its error worded with the flag."""
+    from specdecode.cli.options import SamplingOptions, sampling_options
+
+    cli = typer.Typer()
+
+    @cli.command()
+    @sampling_options(temperature=0.0, seed=0, lists=("temperature", "seed"), only=("temperature", "top_p", "seed"))
+    def sweep(runs: int = typer.Option(1, "--runs"), sampling: SamplingOptions = None):
+        print(json.dumps([list(sampling.temperatures), sampling.top_k, sampling.top_p, list(sampling.seeds), runs]))
+
+    def run(*args):
+        return CliRunner().invoke(cli, [str(a) for a in args])
+
+    assert json.loads(run().stdout) == [[0.0], 0, 1.0, [0], 1]
+    result = run("--temperature", "0,0.7,1e-6", "--top-p", 0.9, "--seed", "1,2", "--runs", 3)
+    assert json.loads(result.stdout) == [[0.0, 0.7], 0, 0.9, [1, 2], 3]  # 1e-6 is greedy: 0.0, once
+    assert "--top-k" not in run("--help").stdout
+    for args, message in ((["--temperature", "0.5,-1"], "--temperature must be a finite number >= 0"),
+                          (["--top-p", 2], "--top-p must be in (0, 1]"),
+                          (["--temperature", "hot"], "--temperature takes a number or a comma list of numbers")):
+        result = run(*args)
+        assert result.exit_code == 1 and result.stderr.startswith(f"error: {message}"), result.output
 
 
 def test_help_is_whole_without_a_terminal():
@@ -165,6 +236,23 @@ def test_greedy_speculative_equals_plain_decoding(pair, target_only, method, k):
     assert plain["stats"]["draft_forward_calls"] == 0 and set(plain["provenance"]) == {"target"}
     # The draft did its job: fewer target calls than tokens.
     assert spec["stats"]["target_forward_calls"] < plain["stats"]["target_forward_calls"]
+
+
+def test_k_zero_decodes_plainly_with_the_draft_loaded(pair, target_only):
+    """-k 0 means what it means in the library: plain decoding, the draft never asked."""
+    args = ["generate", "def quicksort(arr):", "-n", 8, "--ignore-eos", "--json"]
+    [zero] = json_lines(ok(*args, *pair, "-k", 0))
+    [plain] = json_lines(ok(*args, *target_only))
+    assert zero["token_ids"] == plain["token_ids"] and set(zero["provenance"]) == {"target"}
+    assert zero["stats"]["draft_forward_calls"] == 0 and zero["stats"]["proposed_tokens"] == 0
+
+
+def test_a_temperature_below_the_greedy_threshold_is_greedy(pair):
+    """SamplingParams' rule (T < 1e-5 is greedy) reaches the CLI: the output is the greedy one for any seed."""
+    args = ["generate", "def quicksort(arr):", *pair, "-n", 10, "--ignore-eos", "--json"]
+    [greedy] = json_lines(ok(*args))
+    [tiny] = json_lines(ok(*args, "--temperature", "1e-6", "--seed", 5))
+    assert tiny["token_ids"] == greedy["token_ids"]
 
 
 def test_prompt_lookup_draft_equals_plain_decoding(tiny_model_dirs, target_only):
@@ -339,18 +427,24 @@ def error_of(*args, **kwargs) -> str:
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--temperature", "-1"], "temperature must be a finite number >= 0"),
-    (["--top-p", "0"], "top_p must be in (0, 1]"),
-    (["--top-p", "1.5"], "top_p must be in (0, 1]"),
-    (["--top-k", "-2"], "top_k must be an integer >= 0"),
-    (["-k", "0"], "-k (draft tokens per step) must be >= 1"),
-    (["-k", "many"], "-k must be auto or an integer >= 1, got 'many'"),
-    (["--backend", "vllm"], "--backend must be one of auto, transformers, static, llamacpp, got 'vllm'"),
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
+    (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    (["--top-k", "-2"], "--top-k must be an integer >= 0"),
+    # Speculation.parse's own message, after the flag
+    (["-k", "33"], "must be 'auto' or an integer 0..32 (0 = plain decoding), got 33"),
+    (["-k", "many"], "must be 'auto' or an integer 0..32 (0 = plain decoding), got 'many'"),
+    (["-k", "2,4"], "must be 'auto' or an integer 0..32"),  # a list only where a command compares Ks
+    (["--backend", "vllm"], "--backend must be one of auto, transformers, llamacpp, static, got 'vllm'"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
-    (["--method", "medusa"], "unknown --method 'medusa'"),
+    (["--method", "medusa"], "--method must be one of leviathan, chen, got 'medusa'"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
-    (["--quantize", "int3"], "--quantize must be int8, int4, none or auto"),
-    (["--dtype", "float8"], "unknown dtype 'float8'"),
+    (["--quantize", "int3"], "--quantize must be int8, int4 or none, got 'int3'"),
+    (["--quantize", "auto"], "--quantize must be int8, int4 or none, got 'auto'"),  # auto is the draft's alone
+    (["--draft-quantize", "int3"], "--draft-quantize must be int8, int4, none or auto, got 'int3'"),
+    (["--threads", "0"], "--threads must be an integer >= 1, got 0"),
+    (["--dtype", "float8"], "--dtype must be float32, float16, bfloat16 or auto, got 'float8'"),
+    (["--device", "tpu"], "--device must be cpu, cuda, cuda:N or auto, got 'tpu'"),
     (["--stop", ""], "--stop strings must be non-empty"),
 ])
 def test_invalid_arguments_fail_before_loading(flags, message):
@@ -358,7 +452,25 @@ def test_invalid_arguments_fail_before_loading(flags, message):
     start = time.perf_counter()
     line = error_of("generate", "def f():", "--target", "/nonexistent/model", "--draft", "none", *flags)
     assert message in line
+    assert line.startswith(f"error: {flags[0]}")  # worded with the flag
     assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--max-batch-size", "0"], "--max-batch-size must be an integer >= 1, got 0"),
+    (["--max-queue", "0"], "--max-queue must be an integer >= 1, got 0"),
+    (["--max-tokens-limit", "-3"], "--max-tokens-limit must be an integer >= 1, got -3"),
+    (["--request-timeout", "0"], "--request-timeout must be a number of seconds > 0, got 0.0"),
+    (["--prefill-tokens-per-step", "-1"], "--prefill-tokens-per-step must be an integer >= 0, got -1"),
+    (["--served-model-name", " "], "--served-model-name: served model names must be non-empty strings"),
+    (["--log-level", "loud"], "--log-level must be one of"),
+    (["--port", "70000"], "--port must be between 0 and 65535"),
+    (["-k", "99"], "must be 'auto' or an integer 0..32"),
+])
+def test_serve_limits_fail_before_loading(flags, message):
+    """ServerSettings checks the limits (for the CLI, Ray Serve configs and create_app alike); the CLI words them."""
+    line = error_of("serve", "--target", "/nonexistent/model", "--draft", "none", *flags)
+    assert message in line and line.startswith(f"error: {flags[0]}")
 
 
 def test_gpu_requested_without_one(target_only):

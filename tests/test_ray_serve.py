@@ -13,7 +13,8 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("ray.serve")
 
-from specdecode.cli.options import ModelOptions  # noqa: E402
+from specdecode.errors import OptionError  # noqa: E402
+from specdecode.pair import ModelOptions  # noqa: E402
 from specdecode.server import ServerSettings  # noqa: E402
 from specdecode.server.ray_serve import build_application, deployment_options, http_options, replica_config  # noqa: E402
 from test_server_helpers import one_torch_thread  # noqa: E402,F401  (an autouse fixture)
@@ -45,7 +46,7 @@ def ray_url(tiny_model_dirs):
 def _deploy(tiny_model_dirs, url: str, replicas: int) -> None:
     from ray import serve
 
-    opts = ModelOptions(target=tiny_model_dirs["target"], draft=tiny_model_dirs["draft"], k="4",
+    opts = ModelOptions(target=tiny_model_dirs["target"], draft=tiny_model_dirs["draft"], k=4,
                         draft_quantize="none", threads=1)
     options = deployment_options(replicas=replicas, settings=SETTINGS, cpus_per_replica=1)
     serve.run(build_application(replica_config(opts, SETTINGS, "tiny-target"), **options), name="specdecode",
@@ -191,3 +192,11 @@ def test_deploy_configs_are_valid_serve_configs_for_the_app_builder():
         assert app_builder(app.args) is not None  # the args are specdecode serve options (nothing loads here)
     with pytest.raises(ValueError, match="unknown specdecode args: bogus"):
         app_builder({"target": "x", "bogus": 1})
+    # the library's checks, before any replica starts: K by Speculation.parse, limits by ServerSettings
+    with pytest.raises(OptionError, match="'auto' or an integer 0..32") as excinfo:
+        app_builder({"target": "x", "k": 99})
+    assert excinfo.value.option == "k"
+    with pytest.raises(OptionError, match="max_batch_size must be an integer >= 1"):
+        app_builder({"target": "x", "max_batch_size": 0})
+    with pytest.raises(OptionError, match="autoscale MIN,MAX needs 0 <= MIN <= MAX"):
+        deployment_options(autoscale=(3, 1))

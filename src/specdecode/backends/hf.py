@@ -21,6 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from ..vocab import embedding_rows
+from . import register_backend
 
 
 class HFBackend:
@@ -206,3 +207,15 @@ def _left_pad(kv: torch.Tensor, slots: int) -> torch.Tensor:
 def _left_pad_mask(mask, batch: int, slots: int, width: int, device) -> torch.Tensor:
     mask = mask if mask is not None else torch.ones(batch, slots, dtype=torch.bool, device=device)
     return torch.cat([torch.zeros(batch, width - slots, dtype=torch.bool, device=device), mask], dim=1)
+
+
+def load(source, options):
+    """The transformers backend's loader: the model as transformers loads it, run by HFBackend."""
+    from ..models.loading import load_transformers
+
+    if options.backend_options:
+        raise ValueError(f"the transformers backend takes no backend_options (got {sorted(options.backend_options)})")
+    return load_transformers(source, options)
+
+
+register_backend("transformers", load, help="any transformers causal LM, on CPU or GPU")

@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import register_backend
+
 INSTALL_HINT = ('the llama.cpp backend needs llama-cpp-python: pip install -e ".[llamacpp]" '
                 '(builds from source: needs cmake and a C++ compiler, ~10 min)')
 EXACT_TOKENS_PER_FORWARD = 3  # below the 4 tokens at which llama.cpp switches to its repacked matrix kernel
@@ -374,3 +376,64 @@ def _cores() -> int:
 def _free(lib, ctx, model) -> None:
     lib.llama_free(ctx)
     lib.llama_model_free(model)
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def claims(source, options) -> bool:
+    """backend="auto" runs a GGUF model (a .gguf file or a built-in name) on llama.cpp when it is to run on the CPU."""
+    from ..models.loading import is_gguf
+
+    return isinstance(source, (str, os.PathLike)) and is_gguf(str(source)) and options.on_cpu
+
+
+def load(source, options):
+    """The llama.cpp backend's loader: the GGUF as it is (no conversion) and the tokenizer built from it.
+
+    options.backend_options are LlamaCppBackend's keywords; exact_greedy asks for the exact mode, max_rows for that
+    many rows, threads for llama.cpp's threads."""
+    from transformers import AutoTokenizer
+
+    from ..models.loading import LoadedModel, is_gguf, locate
+    from ..models.prepare import gguf_tokenizer_dir, prepare_gguf
+
+    if not isinstance(source, (str, os.PathLike)):
+        raise ValueError("the llama.cpp backend loads GGUF files, not a transformers model object: pass the "
+                         "model's name or .gguf path")
+    name = str(source)
+    if not is_gguf(name):
+        locate(name, progress=False)  # a clear ModelNotFoundError when it is nothing at all
+        raise ValueError(f"the llama.cpp backend runs GGUF models: {name!r} is neither a .gguf file nor a "
+                         f"built-in model; use backend transformers")
+    if not options.on_cpu:
+        raise ValueError(f"the llama.cpp backend runs on the CPU, and device {options.device!r}"
+                         f"{'' if options.device_map is None else f' / device_map {options.device_map!r}'} was "
+                         f"asked for: use device cpu, or backend transformers for a GPU")
+    _llama_cpp()  # the install hint, before any preparation
+    path = Path(os.path.expanduser(name))
+    gguf, tokenizer_dir = (path, gguf_tokenizer_dir(path)) if path.is_file() else prepare_gguf(
+        name, progress=options.progress)
+    keywords = dict(options.backend_options or {})
+    if options.exact_greedy:
+        keywords.setdefault("max_tokens_per_forward", EXACT_TOKENS_PER_FORWARD)
+    if options.max_rows is not None and options.max_rows > 1:
+        keywords.setdefault("max_rows", options.max_rows)
+    if options.threads is not None:
+        keywords["n_threads"] = options.threads
+    model = LlamaCppBackend(gguf, name=name, **keywords)
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir)) if tokenizer_dir is not None else None
+    if tokenizer is not None and len(tokenizer) < model.n_vocab:
+        # An embedding padded past the tokenizer: logits of ids that no text can produce are dropped, as the
+        # generators do for transformers models.
+        model.vocab_size = len(tokenizer)
+    return LoadedModel(model, tokenizer, name, str(gguf), backend="llamacpp")
+
+
+def _installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+register_backend("llamacpp", load, claims=claims, available=_installed,
+                 help="GGUF models on llama.cpp's CPU kernels; auto picks it for a GGUF on the CPU when "
+                      "llama-cpp-python is installed")

@@ -28,6 +28,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..vocab import embedding_rows
+from . import register_backend
 from .hf import _eos_ids
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
@@ -345,3 +346,20 @@ def _graphs_wanted(cuda_graphs, device: torch.device) -> bool:
     if cuda_graphs not in (True, False):
         raise ValueError(f"cuda_graphs must be 'auto', True or False, got {cuda_graphs!r}")
     return bool(cuda_graphs)
+
+
+def load(source, options):
+    """The static backend's loader: the transformers model on a StaticBackend built with options.backend_options,
+    its logits cut to the tokenizer's vocabulary."""
+    from dataclasses import replace
+
+    from ..models.loading import LoadedModel, load_transformers
+
+    loaded = load_transformers(source, replace(options, backend_options=None))
+    vocab = len(loaded.tokenizer) if loaded.tokenizer is not None else None
+    backend = StaticBackend(loaded.model, vocab_size=vocab, **(options.backend_options or {}))
+    return LoadedModel(backend, loaded.tokenizer, loaded.name, loaded.path, backend="static")
+
+
+register_backend("static", load, help="transformers on a preallocated KV cache with CUDA graphs, for GPUs; "
+                                      "Llama, Mistral, Qwen2/3 and Gemma")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from .app import app
-from . import generate, models_cmd, compare, bench_cmd, serve_cmd  # noqa: F401,E402  (each registers its commands)
+from . import generate, models_cmd, compare, bench_cmd, serve_cmd, advise_cmd  # noqa: F401,E402  (each registers its commands)
 from .common import fit_width
 
 

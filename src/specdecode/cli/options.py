@@ -1,8 +1,12 @@
-"""The options every model-running command shares, declared once.
+"""The options commands share, each declared once.
 
-`@model_options(...)` replaces a command's `opts: ModelOptions` parameter by the shared options (target, draft,
--k, method, backend, device, dtype, quantization, prepacking, threads, remote code) and hands the command one
-ModelOptions built from them. A new loading option is one field and one declaration below, for every command.
+`@model_options(...)` replaces a command's `opts: ModelOptions` parameter by the shared model options (target,
+draft, -k, method, backend, device, dtype, quantization, prepacking, threads, remote code) and hands the command
+one ModelOptions (specdecode.pair) built from them. `@sampling_options(...)` does the same for --temperature,
+--top-k, --top-p and --seed, handing a SamplingOptions checked by SamplingParams. A new option is one field and
+one declaration below, for every command. Values are checked by the library (Speculation.parse for -k,
+SamplingParams for sampling, the backend registry for --backend), here before the command runs; the CLI only
+words the error with its flag.
 """
 
 from __future__ import annotations
@@ -10,85 +14,39 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass, fields
-from typing import Optional, Union
+from typing import Optional
 
 import typer
 
-DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-AUTO = "auto"
-QUANTIZATIONS = (None, "none", "auto", "int8", "int4")
-PANEL = "Models and speculation"
+from ..backends import backend_help
+from ..pair import DEFAULT_DRAFT, DEFAULT_TARGET, ModelOptions, parse_k, parse_k_list  # noqa: F401  (re-exported)
+from ..speculation import AUTO
 
-Speculation = Union[int, str]  # a number of draft tokens per step, or "auto" (the engine adapts it)
+PANEL = "Models and speculation"
+SAMPLING_PANEL = "Sampling"
 
 
 class CLIError(Exception):
     """A problem the user can fix; printed as one line, exit code 1."""
 
 
-@dataclass
-class ModelOptions:
-    target: str = DEFAULT_TARGET
-    draft: Optional[str] = DEFAULT_DRAFT
-    k: str = AUTO  # as typed: "auto", an integer, or (bench) a comma list of those
-    method: str = "leviathan"
-    backend: str = "auto"
-    device: str = "cpu"
-    dtype: str = "auto"
-    device_map: Optional[str] = None
-    quantize: Optional[str] = None
-    draft_quantize: Optional[str] = "auto"
-    prepack: bool = True
-    threads: Optional[int] = None
-    exact_greedy: bool = False
-    trust_remote_code: bool = False
-
-    @property
-    def has_draft(self) -> bool:
-        return self.draft is not None and self.draft.lower() != "none"
-
-    @property
-    def draft_is_lookup(self) -> bool:
-        """--draft prompt-lookup: draft by copying n-grams of the context, no second model."""
-        return self.has_draft and self.draft.lower() == "prompt-lookup"
-
-    @property
-    def num_speculative_tokens(self) -> Speculation:
-        return parse_k(self.k)
-
-    @property
-    def k_values(self) -> list[Speculation]:
-        return parse_k_list(self.k)
+FLAGS = {"k": "-k", "served_model_names": "--served-model-name"}  # the flags not spelled like their option
 
 
-def parse_k(text) -> Speculation:
-    """-k as the engine takes it: the string "auto" or an integer >= 1."""
-    value = str(text).strip().lower()
-    if value == AUTO:
-        return AUTO
-    try:
-        k = int(value)
-    except ValueError:
-        raise CLIError(f"-k must be auto or an integer >= 1, got {text!r}") from None
-    if k < 1:
-        raise CLIError(f"-k (draft tokens per step) must be >= 1, got {k}; use --draft none for plain decoding")
-    return k
+def flag(option: str) -> str:
+    """The flag of a library option name (an OptionError's option): k -> -k, top_p -> --top-p."""
+    return FLAGS.get(option) or "--" + option.replace("_", "-")
 
 
-def parse_k_list(text) -> list[Speculation]:
-    """A comma list of -k values (auto,2,4), each once, in the order given."""
-    values = [parse_k(part) for part in str(text).split(",") if part.strip()]
-    if not values:
-        raise CLIError(f"-k needs at least one value (auto or an integer), got {text!r}")
-    return list(dict.fromkeys(values))
+def _backend_help() -> str:
+    listed = ", ".join(f"{name} ({help})" for name, help in backend_help().items())
+    return f"How the models run: {listed}, or auto (a backend that claims the model, transformers otherwise)."
 
 
-def _declarations(k_default: str, k_list: bool) -> dict:
-    """field name → (annotation, typer.Option), in the order the help lists them."""
-    k_help = ("Draft tokens per verification: auto (the engine adapts it step by step) or a number; a comma "
-              "list (auto,2,4) compares them." if k_list else
-              "Draft tokens per verification: auto (the engine adapts it step by step) or a number.")
+def _model_declarations(k_default: str, k_list: bool) -> dict:
+    """field name -> (annotation, typer.Option), in the order the help lists them."""
+    k_help = ("Draft tokens per verification: auto (the engine adapts it step by step), a number (0: plain "
+              "decoding with the draft loaded)" + ("; a comma list (auto,2,4) compares them." if k_list else "."))
     option = functools.partial(typer.Option, rich_help_panel=PANEL)
     return {
         "target": (str, option(DEFAULT_TARGET, "--target", "-t", help="Target model: a built-in name, an HF "
@@ -99,17 +57,15 @@ def _declarations(k_default: str, k_list: bool) -> dict:
         "k": (str, option(k_default, "-k", "--num-speculative-tokens", help=k_help)),
         "method": (str, option("leviathan", "--method", help="Rejection sampler: leviathan (Alg. 1, vectorised) "
                                "or chen (Alg. 2, sequential). Both are lossless.")),
-        "backend": (str, option("auto", "--backend", help="How the models run: transformers, static (transformers "
-                                "on a preallocated KV cache with CUDA graphs, for GPUs), llamacpp (GGUF on llama.cpp's "
-                                "kernels), or auto (llamacpp for GGUF models on a CPU when installed).")),
+        "backend": (str, option("auto", "--backend", help=_backend_help())),
         "device": (str, option("cpu", "--device", help="cpu, cuda, cuda:N or auto.")),
         "dtype": (str, option("auto", "--dtype", help="float32, float16, bfloat16 or auto (fp32 on CPU, fp16 on "
                               "CUDA).")),
         "device_map": (Optional[str], option(None, "--device-map", help="'auto': shard the target over the "
                                              "available GPUs (accelerate), for targets that do not fit one GPU.")),
         "quantize": (Optional[str], option(None, "--quantize", help="Quantize the TARGET: int8 (CPU: torch "
-                                           "dynamic int8 Linear; CUDA: bitsandbytes) or int4 (CUDA, bitsandbytes). "
-                                           "Changes the target's numerics.")),
+                                           "dynamic int8 Linear; CUDA: bitsandbytes), int4 (CUDA, bitsandbytes) or "
+                                           "none. Changes the target's numerics.")),
         "draft_quantize": (Optional[str], option("auto", "--draft-quantize", help="Quantize only the DRAFT: int8, "
                                                  "int4, none, or auto (int8 on CPU, where it makes drafting several "
                                                  "times cheaper). Only q changes, so the output keeps exactly the "
@@ -131,31 +87,139 @@ def model_options(k_default: str = AUTO, k_list: bool = False):
     """Give a Typer command the shared model options in place of its `opts: ModelOptions` parameter.
 
     k_default: the default of -k ("auto" or a number); k_list: -k takes a comma list (read it with opts.k_values).
+    -k is parsed before the command runs.
     """
-    declared = _declarations(k_default, k_list)
+    declared = _model_declarations(k_default, k_list)
     assert set(declared) == {f.name for f in fields(ModelOptions)}, "every ModelOptions field needs an option"
 
-    def decorate(command):
-        signature = inspect.signature(command)
-        names = list(signature.parameters)
-        if "opts" not in names:
-            raise TypeError(f"{command.__name__} needs an `opts: ModelOptions` parameter for @model_options")
-        at = names.index("opts")
-        shared = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option,
-                                    annotation=annotation) for name, (annotation, option) in declared.items()]
-        params = list(signature.parameters.values())
-        params[at:at + 1] = shared
+    def build(values: dict) -> ModelOptions:
+        opts = ModelOptions(**values)
+        opts.k_values if k_list else opts.num_speculative_tokens  # noqa: B018  (Speculation.parse, early)
+        return opts
 
-        @functools.wraps(command)
-        def wrapper(*args, **kwargs):
-            opts = ModelOptions(**{name: kwargs.pop(name) for name in declared})
-            return command(*args, opts=opts, **kwargs)
+    return functools.partial(_replace_parameter, name="opts", declared=declared, build=build)
 
-        # Typer reads the parameters from the signature and their types from __annotations__ (strings are
-        # resolved in the command's module).
-        wrapper.__signature__ = signature.replace(parameters=params)
-        annotations = {k: v for k, v in command.__annotations__.items() if k != "opts"}
-        wrapper.__annotations__ = {**annotations, **{name: a for name, (a, _) in declared.items()}}
-        return wrapper
 
-    return decorate
+# ---------------------------------------------------------------------------------------------- sampling
+@dataclass(frozen=True)
+class SamplingOptions:
+    """--temperature, --top-k, --top-p and --seed as SamplingParams checked and normalised them (a temperature
+    below 1e-5 is 0.0: greedy). temperatures and seeds hold one value each unless the command takes comma lists."""
+
+    temperatures: tuple[float, ...]
+    top_k: int
+    top_p: float
+    seeds: tuple[Optional[int], ...]
+
+    @property
+    def temperature(self) -> float:
+        return self.temperatures[0]
+
+    @property
+    def seed(self) -> Optional[int]:
+        return self.seeds[0]
+
+    @property
+    def greedy(self) -> bool:
+        return all(t == 0.0 for t in self.temperatures)
+
+    def generation_kwargs(self) -> dict:
+        """temperature, top_k and top_p as the generators' generate() and stream() take them."""
+        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+
+SAMPLING_HELP = {
+    "temperature": "0 = greedy; > 0 samples from the target's distribution at this temperature.",
+    "top_k": "Sample only from the k most likely tokens (0 = off).",
+    "top_p": "Nucleus sampling mass in (0, 1] (1.0 = off).",
+    "seed": "Seed for sampling.",
+}
+
+
+def sampling_options(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: Optional[int] = None,
+                     lists: tuple[str, ...] = (), only: tuple[str, ...] = ("temperature", "top_k", "top_p", "seed"),
+                     help: Optional[dict] = None):
+    """Give a Typer command --temperature, --top-k, --top-p and --seed in place of its `sampling:
+    SamplingOptions` parameter, with these defaults.
+
+    lists: of "temperature" and "seed", those that take a comma list (0,0.7,1). only: the options the command
+    has (the others keep their defaults). help: field -> help text replacing the shared one.
+    """
+    texts = {**SAMPLING_HELP, **(help or {})}
+    for name in lists:
+        texts[name] += " A comma list (0,0.7,1) sweeps them." if name == "temperature" else \
+            " A comma list (0,1,2) pools them."
+    defaults = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+    types = {"temperature": float, "top_k": int, "top_p": float, "seed": Optional[int]}
+    option = functools.partial(typer.Option, rich_help_panel=SAMPLING_PANEL)
+    declared = {}
+    for name in only:
+        default, kind = defaults[name], types[name]
+        if name in lists:  # typed as text, read as a comma list
+            default, kind = (None if default is None else str(default)), (Optional[str] if default is None else str)
+        declared[name] = (kind, option(default, flag(name), help=texts[name]))
+
+    def build(values: dict) -> SamplingOptions:
+        values = {**defaults, **values}
+        temperatures = _numbers(values["temperature"], float, "temperature")
+        seeds = _numbers(values["seed"], int, "seed") if values["seed"] is not None else (None,)
+        params = [_sampling_params(t, values["top_k"], values["top_p"]) for t in temperatures]
+        return SamplingOptions(tuple(dict.fromkeys(p.temperature for p in params)), params[0].top_k,
+                               params[0].top_p, seeds)
+
+    return functools.partial(_replace_parameter, name="sampling", declared=declared, build=build)
+
+
+def _sampling_params(temperature, top_k, top_p):
+    from ..errors import OptionError
+    from ..sampling import SamplingParams
+
+    try:
+        return SamplingParams(temperature, top_k, top_p)
+    except ValueError as e:  # its messages start with the field's name
+        raise OptionError(str(e).split(" ", 1)[0], str(e)) from None
+
+
+def _numbers(value, kind, option: str) -> tuple:
+    """A number, or the numbers of a comma list."""
+    if not isinstance(value, str):
+        return (value,)
+    try:
+        numbers = tuple(kind(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        numbers = ()
+    if not numbers:
+        raise CLIError(f"{flag(option)} takes a number or a comma list of numbers, got {value!r}")
+    return numbers
+
+
+# ---------------------------------------------------------------------------------------------- the decorator
+def _replace_parameter(command, name: str, declared: dict, build):
+    """command with its parameter `name` replaced by the declared options; the wrapper hands it build(values).
+
+    build runs before the command, with the CLI's one-line errors: a bad value costs nothing.
+    """
+    signature = inspect.signature(command)
+    names = list(signature.parameters)
+    if name not in names:
+        raise TypeError(f"{command.__name__} needs a `{name}` parameter for this decorator")
+    at = names.index(name)
+    params = list(signature.parameters.values())
+    params[at:at + 1] = [inspect.Parameter(field, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option,
+                                           annotation=annotation) for field, (annotation, option) in declared.items()]
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        from .common import user_errors
+
+        values = {field: kwargs.pop(field) for field in declared}
+        with user_errors():
+            built = build(values)
+        return command(*args, **{name: built}, **kwargs)
+
+    # Typer reads the parameters from the signature and their types from __annotations__ (strings are resolved in
+    # the command's module).
+    wrapper.__signature__ = signature.replace(parameters=params)
+    annotations = {k: v for k, v in command.__annotations__.items() if k != name}
+    wrapper.__annotations__ = {**annotations, **{field: a for field, (a, _) in declared.items()}}
+    return wrapper

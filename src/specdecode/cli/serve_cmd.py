@@ -8,12 +8,12 @@ from typing import List, Optional
 import typer
 
 from .app import app
-from .common import fail, load_pair, make_generator, user_errors
-from .options import ModelOptions, model_options
+from .common import CLIError, load_pair, make_generator, user_errors
+from .options import AUTO, ModelOptions, model_options
 
 
 @app.command("serve")
-@model_options(k_default="auto")
+@model_options(k_default=AUTO)
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind. The default answers only this "
                              "machine; binding another address without --api-key exposes the model to the network."),
@@ -57,76 +57,51 @@ def serve(
     """
     with user_errors():
         from ..server import ServerSettings, create_app, run
+        from ..server.run import log_config
 
-        for name, value in (("--max-batch-size", max_batch_size), ("--max-queue", max_queue),
-                            ("--max-tokens-limit", max_tokens_limit)):
-            if value < 1:
-                fail(f"{name} must be >= 1, got {value}")
-        if not request_timeout > 0:
-            fail(f"--request-timeout must be > 0 seconds, got {request_timeout}")
-        if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
-            fail(f"--log-level must be one of critical, error, warning, info, debug, trace, got {log_level!r}")
+        log_config(log_level)  # checks the level before anything loads
         if not 0 <= port <= 65535:
-            fail(f"--port must be between 0 and 65535, got {port}")
-        if prefill_tokens_per_step < 0:
-            fail(f"--prefill-tokens-per-step must be >= 0 (0: whole prompts at once), got {prefill_tokens_per_step}")
-        scale = _autoscale(autoscale) if autoscale is not None else None
-        if not ray and (replicas is not None or scale is not None or ray_address or ray_num_cpus is not None):
-            fail("--replicas, --autoscale, --ray-address and --ray-num-cpus need --ray")
-        if replicas is not None and scale is not None:
-            fail("give --replicas or --autoscale, not both")
-        if replicas is not None and replicas < 1:
-            fail(f"--replicas must be >= 1, got {replicas}")
-        k = opts.num_speculative_tokens
-        target, draft = opts.target, opts.draft
+            raise CLIError(f"--port must be between 0 and 65535, got {port}")
+        if not ray and (replicas is not None or autoscale is not None or ray_address or ray_num_cpus is not None):
+            raise CLIError("--replicas, --autoscale, --ray-address and --ray-num-cpus need --ray")
         settings = ServerSettings(max_batch_size=max_batch_size, max_queue=max_queue,
                                   max_tokens_limit=max_tokens_limit, request_timeout=request_timeout,
-                                  api_key=api_key or None, served_model_names=tuple(served_model_name or ()),
-                                  draft_name=_display_name(draft) if opts.has_draft else None,
-                                  prefill_tokens_per_step=prefill_tokens_per_step or None,
-                                  static_batching=static_batching)
+                                  api_key=api_key, served_model_names=tuple(served_model_name or ()),
+                                  draft_name=_display_name(opts.draft) if opts.has_draft else None,
+                                  prefill_tokens_per_step=prefill_tokens_per_step, static_batching=static_batching)
         if ray:
-            _serve_with_ray(opts, settings, host, port, ray_address, ray_num_cpus, replicas, scale)
+            _serve_with_ray(opts, settings, host, port, ray_address, ray_num_cpus, replicas, autoscale)
             return
-        target_model, draft_model = load_pair(opts, announce=True, rows=max_batch_size)
+        target_model, draft_model = load_pair(opts, announce=True, rows=settings.max_batch_size)
         if target_model.tokenizer is None:
-            fail(f"{target} has no tokenizer: the server takes text and returns text")
-        generator = make_generator(target_model, draft_model, k, opts.method)
-        server_app = create_app(generator, _display_name(target), target_model.tokenizer, settings)
+            raise CLIError(f"{opts.target} has no tokenizer: the server takes text and returns text")
+        generator = make_generator(target_model, draft_model, opts.num_speculative_tokens, opts.method)
+        server_app = create_app(generator, _display_name(opts.target), target_model.tokenizer, settings)
     # Logs go through `logging`, one line per event; on SIGINT/SIGTERM uvicorn stops accepting, lets in-flight
-    # requests finish for up to 30 s, the app's shutdown stops the engine worker, and run() logs "server stopped".
-    run(server_app, host=host, port=port, log_level=log_level, graceful_shutdown_s=30)
-
-
-def _autoscale(text: str) -> tuple[int, int]:
-    try:
-        low, high = (int(x) for x in text.split(","))
-    except ValueError:
-        fail(f"--autoscale takes MIN,MAX (two integers), got {text!r}")
-    if not 0 <= low <= high or high < 1:
-        fail(f"--autoscale MIN,MAX needs 0 <= MIN <= MAX and MAX >= 1, got {text!r}")
-    return low, high
+    # requests finish for the settings' shutdown grace, the app's shutdown stops the engine worker, and run() logs
+    # "server stopped".
+    run(server_app, host=host, port=port, log_level=log_level)
 
 
 def _serve_with_ray(opts: ModelOptions, settings, host: str, port: int, address: Optional[str],
-                    num_cpus: Optional[int], replicas: Optional[int], scale) -> None:
+                    num_cpus: Optional[int], replicas: Optional[int], autoscale: Optional[str]) -> None:
     """The same app as a Ray Serve deployment: each replica loads the models itself (one thread unless
-    --threads says otherwise), so nothing is loaded here."""
+    --threads says otherwise), so nothing is loaded here; the deployment options are checked before Ray starts."""
     import logging.config
 
-    try:
-        from ..server.ray_serve import replica_config, serve_with_ray
-        import ray  # noqa: F401
-    except ImportError:
-        fail("--ray needs Ray Serve: pip install 'specdecode[ray]'")
+    from ..server.ray_serve import deployment_options, parse_autoscale, replica_config, serve_with_ray
     from ..server.run import log_config
 
+    opts.threads = opts.threads or 1
+    scale = parse_autoscale(autoscale) if autoscale is not None else None
+    options = deployment_options(replicas, scale, settings, cpus_per_replica=opts.threads)
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise CLIError("--ray needs Ray Serve: pip install 'specdecode[ray]'") from None
     logging.config.dictConfig(log_config("info"))
-    threads = opts.threads or 1
-    opts.threads = threads
     config = replica_config(opts, settings, _display_name(opts.target))
-    serve_with_ray(config, host=host, port=port, address=address, num_cpus=num_cpus, replicas=replicas,
-                   autoscale=scale, cpus_per_replica=threads, settings=settings)
+    serve_with_ray(config, options, host=host, port=port, address=address, num_cpus=num_cpus, settings=settings)
 
 
 def _display_name(name: str) -> str:

@@ -21,6 +21,8 @@ import logging
 import time
 from typing import Any
 
+from ..errors import OptionError
+
 log = logging.getLogger("specdecode.server")
 
 DEFAULT_PORT = 8000
@@ -33,8 +35,7 @@ class SpecdecodeReplica:
     def __init__(self, config: dict):
         import torch
 
-        from ..cli.common import load_pair, make_generator
-        from ..cli.options import ModelOptions
+        from ..pair import ModelOptions, load_pair, make_generator
         from .app import create_app
         from .settings import ServerSettings
 
@@ -42,7 +43,7 @@ class SpecdecodeReplica:
         if opts.threads:
             torch.set_num_threads(opts.threads)
         settings = ServerSettings(**config["settings"])
-        target, draft = load_pair(opts, quiet=True, rows=settings.max_batch_size)
+        target, draft = load_pair(opts, rows=settings.max_batch_size)
         if target.tokenizer is None:
             raise ValueError(f"{opts.target} has no tokenizer: the server takes text and returns text")
         generator = make_generator(target, draft, opts.num_speculative_tokens, opts.method)
@@ -57,26 +58,35 @@ def replica_config(opts, settings, model_name: str) -> dict:
     return {"model": dataclasses.asdict(opts), "settings": dataclasses.asdict(settings), "model_name": model_name}
 
 
+def parse_autoscale(text: str) -> tuple[int, int]:
+    """"MIN,MAX" as deployment_options takes it (which checks the range)."""
+    try:
+        low, high = (int(x) for x in text.split(","))
+    except ValueError:
+        raise OptionError("autoscale", f"autoscale takes MIN,MAX (two integers), got {text!r}") from None
+    return low, high
+
+
 def deployment_options(replicas: int | None = None, autoscale: tuple[int, int] | None = None,
                        settings=None, cpus_per_replica: float = 1.0) -> dict:
     """Ray Serve deployment options: a fixed replica count or an autoscaling range; requests per replica bounded by
-    the server's own queue and batch (it answers 429 beyond), not by Ray's default of 5."""
+    the server's own queue and batch (it answers 429 beyond), not by Ray's default of 5. Checked here, once."""
     if replicas is not None and autoscale is not None:
-        raise ValueError("give --replicas or --autoscale, not both")
+        raise ValueError("give replicas or autoscale, not both")
     ongoing = (settings.max_queue + settings.max_batch_size) if settings is not None else 128
     options: dict[str, Any] = {"max_ongoing_requests": ongoing, "ray_actor_options": {"num_cpus": cpus_per_replica},
                                "health_check_period_s": 2, "health_check_timeout_s": 30}
     if autoscale is not None:
         low, high = autoscale
         if not 0 <= low <= high or high < 1:
-            raise ValueError(f"--autoscale MIN,MAX needs 0 <= MIN <= MAX and MAX >= 1, got {low},{high}")
+            raise OptionError("autoscale", f"autoscale MIN,MAX needs 0 <= MIN <= MAX and MAX >= 1, got {low},{high}")
         target = settings.max_batch_size if settings is not None else 8
         options["autoscaling_config"] = {"min_replicas": low, "max_replicas": high, "initial_replicas": max(low, 1),
                                          "target_ongoing_requests": target}
     else:
         count = 1 if replicas is None else replicas
         if count < 1:
-            raise ValueError(f"--replicas must be >= 1, got {count}")
+            raise OptionError("replicas", f"replicas must be >= 1, got {count}")
         options["num_replicas"] = count
     return options
 
@@ -101,7 +111,7 @@ def app_builder(args: dict):
     """`serve run`/`serve deploy` entry point: args are `specdecode serve` option names (underscores), e.g.
     {"target": "...", "draft": "...", "k": "auto", "max_batch_size": 8, "threads": 1}. Replica counts and
     autoscaling come from the config file's `deployments` section."""
-    from ..cli.options import ModelOptions
+    from ..pair import ModelOptions
     from .settings import ServerSettings
 
     args = dict(args)
@@ -112,30 +122,29 @@ def app_builder(args: dict):
         raise ValueError(f"unknown specdecode args: {', '.join(sorted(unknown))}; use `specdecode serve` option "
                          f"names with underscores")
     opts = ModelOptions(**{k: v for k, v in args.items() if k in model_fields})
-    if "k" in args:
-        opts.k = str(args["k"])
+    opts.num_speculative_tokens  # noqa: B018  (K parsed here, not first in each replica)
     settings = ServerSettings(**{k: v for k, v in args.items() if k in setting_fields})
     name = args.get("model_name") or opts.target
     return build_application(replica_config(opts, settings, name), **deployment_options(settings=settings))
 
 
-def serve_with_ray(config: dict, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, address: str | None = None,
-                   num_cpus: int | None = None, replicas: int | None = None, autoscale: tuple[int, int] | None = None,
-                   cpus_per_replica: float = 1.0, settings=None) -> None:
-    """Start (or join, with an address) Ray, run the deployment on host:port, and block until Ctrl-C/SIGTERM."""
+def serve_with_ray(config: dict, options: dict, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+                   address: str | None = None, num_cpus: int | None = None, settings=None) -> None:
+    """Start (or join, with an address) Ray, run the deployment (options: from deployment_options) on host:port,
+    and block until Ctrl-C/SIGTERM."""
     import signal
 
     import ray
     from ray import serve
 
-    options = deployment_options(replicas, autoscale, settings, cpus_per_replica)
     if address:
         ray.init(address=address)
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False)
     serve.start(http_options=http_options(host, port, settings))
     serve.run(build_application(config, **options), name="specdecode", route_prefix="/")
-    count = options.get("num_replicas") or f"{autoscale[0]}..{autoscale[1]}"
+    scale = options.get("autoscaling_config", {})
+    count = options.get("num_replicas") or f"{scale.get('min_replicas')}..{scale.get('max_replicas')}"
     log.info("serving with Ray Serve (%s replica(s)) at http://%s:%d/v1", count, host, port)
     stopping = []
     previous = signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))

@@ -9,6 +9,8 @@ import logging.config
 import signal
 import threading
 
+from ..errors import OptionError
+
 log = logging.getLogger("specdecode.server")
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -20,7 +22,7 @@ def log_config(level: str = "info") -> dict:
     from uvicorn.config import LOG_LEVELS
 
     if level not in LOG_LEVELS:
-        raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+        raise OptionError("log_level", f"log_level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
     return {
         "version": 1,
         "disable_existing_loggers": False,
@@ -44,8 +46,9 @@ def _on_sigterm(_signum, _frame):
 
 
 def run(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-        graceful_shutdown_s: float = 30.0) -> None:
-    """Serve an app made by create_app until Ctrl-C or SIGTERM; in-flight requests get graceful_shutdown_s.
+        graceful_shutdown_s: float | None = None) -> None:
+    """Serve an app made by create_app until Ctrl-C or SIGTERM; in-flight requests get graceful_shutdown_s
+    (default: the app's settings.shutdown_grace_s).
 
     On a signal uvicorn stops accepting, lets in-flight requests finish, the app's shutdown stops the engine
     worker, and this function returns (uvicorn re-raises the signal afterwards: it is caught here).
@@ -55,6 +58,8 @@ def run(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
     config = log_config(log_level)
     logging.config.dictConfig(config)
     served = app.state.served
+    if graceful_shutdown_s is None:
+        graceful_shutdown_s = app.state.settings.shutdown_grace_s
     if host not in LOOPBACK and not app.state.settings.api_key:
         log.warning("binding %s without an API key: anyone who can reach port %d can use the model", host, port)
     mode = (f"speculative decoding, k={served.num_speculative_tokens}, draft {served.draft_name!r}"

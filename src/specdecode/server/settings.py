@@ -2,47 +2,66 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+from ..errors import OptionError
+from ..speculation import MAX_K
 
 DEFAULT_ALIAS = "specdecode"  # always served unless --served-model-name says otherwise: what the README's examples use
 
 
 @dataclass
 class ServerSettings:
-    """Limits and options of one server."""
+    """Limits and options of one server, checked here and only here: the CLI, a Ray Serve config and create_app
+    all pass their values through this class. An OptionError names the field."""
 
     max_batch_size: int = 8
     max_queue: int = 64
     max_tokens_limit: int = 2048
     request_timeout: float = 120.0  # seconds from arrival to the end of the response
-    api_key: str | None = None
+    api_key: str | None = None  # None or "": no key
     draft_name: str | None = None
     served_model_names: Sequence[str] = ()  # --served-model-name; empty: the target's name and "specdecode"
-    prefill_tokens_per_step: int | None = 256  # prompt tokens prefilled per engine step (None: whole prompts)
-    batch_window_s: float = 0.0  # no longer used: requests join the running batch at the next step
+    prefill_tokens_per_step: int | None = 256  # prompt tokens prefilled per engine step (None or 0: whole prompts)
     static_batching: bool = False  # admit requests only when the running batch is done (for comparisons)
-    max_speculative_tokens: int = 32
+    max_speculative_tokens: int = MAX_K  # the largest fixed K a request may ask for
     max_prompt_chars: int = 1_000_000
     default_predict_tokens: int = 64
     shutdown_grace_s: float = 30.0  # in-flight batch: finish for this long, then cancel
     retry_after_s: int = 1
 
     def __post_init__(self):
-        for name in ("max_batch_size", "max_queue", "max_tokens_limit", "max_speculative_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        p = self.prefill_tokens_per_step
-        if p is not None and (isinstance(p, bool) or not isinstance(p, int) or p < 1):
-            raise ValueError(f"prefill_tokens_per_step must be an integer >= 1 (or None), got {p!r}")
-        if not self.request_timeout > 0:
-            raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout!r}")
+        for name in ("max_batch_size", "max_queue", "max_tokens_limit", "max_prompt_chars", "default_predict_tokens"):
+            _integer(name, getattr(self, name), 1)
+        _integer("max_speculative_tokens", self.max_speculative_tokens, 1, MAX_K)
+        _integer("retry_after_s", self.retry_after_s, 0)
+        if self.prefill_tokens_per_step is not None:
+            _integer("prefill_tokens_per_step", self.prefill_tokens_per_step, 0)
+            self.prefill_tokens_per_step = self.prefill_tokens_per_step or None  # 0: whole prompts at once
+        _seconds("request_timeout", self.request_timeout, positive=True)
+        _seconds("shutdown_grace_s", self.shutdown_grace_s, positive=False)
+        self.api_key = self.api_key or None
         if isinstance(self.served_model_names, str):
             self.served_model_names = (self.served_model_names,)
+        self.served_model_names = tuple(self.served_model_names)
         if any(not isinstance(n, str) or not n.strip() for n in self.served_model_names):
-            raise ValueError(f"served model names must be non-empty strings, got {list(self.served_model_names)!r}")
+            raise OptionError("served_model_names", f"served model names must be non-empty strings, got "
+                                                    f"{list(self.served_model_names)!r}")
+
+
+def _integer(name: str, value, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"between {low} and {high}"
+        raise OptionError(name, f"{name} must be an integer {bound}, got {value!r}")
+
+
+def _seconds(name: str, value, positive: bool) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or value < 0 or (positive and value == 0):
+        raise OptionError(name, f"{name} must be a number of seconds {'> 0' if positive else '>= 0'}, got {value!r}")
 
 
 def served_names(model_name: str, given: Sequence[str] = ()) -> tuple[str, ...]:

