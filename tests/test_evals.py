@@ -177,8 +177,9 @@ def _resample_from_p(draft_tokens, q, p, u, method="leviathan", num_drafts=None)
 def test_verify_catches_the_resample_from_p_bug(tiny_pair, tokenizer, prompt_ids, monkeypatch, one_thread):
     """A plausible engine bug, patched into the loop: verify must FAIL it (the draft is never sampled directly)."""
     import specdecode.engine as engine
+    import specdecode.verification as verification
 
-    monkeypatch.setattr(engine, "verify", _resample_from_p)
+    monkeypatch.setattr(verification, "verify", _resample_from_p)
     gen = engine.SpeculativeGenerator(tiny_pair[0], tiny_pair[1], num_speculative_tokens=2, tokenizer=tokenizer)
     report = verify_pair(gen, [prompt_ids], PARAMS, positions=4, samples=1500, batch_size=250, seed=11)
     assert not report["pass"]

@@ -6,10 +6,11 @@ long as that same mask multiplies both the target's p and the draft's q at the s
 rule then recovers exactly the constrained target distribution. So the decoding loop walks a Matcher along a drafted
 path (advance), asks for the mask at each position (mask), and undoes the rejected part (rollback).
 
-Some grammar states leave a single continuation of text (after `{"id` a schema may force `":"`); forced() returns
-its canonical tokens so the loop can propose them as drafts without running a draft model. They are forced at the
-level of text, not of tokens: the mask may still allow another tokenization of the same bytes, so they must be
-verified like any draft (a one-hot q), never emitted unchecked, for the output to keep the target's distribution.
+Some grammar states leave a single continuation of text (an object schema starts with `{"id`); forced() returns
+its canonical tokens so the loop can propose them as drafts without running a draft model. llguidance allows only
+that canonical tokenization of forced text, so at each position of a forced run the mask is one-hot on the forced
+token: the constrained distribution gives it probability 1, and verifying it as a draft with a one-hot q always
+keeps it (the target still has to run over it, for the positions after it).
 
 The engine is llguidance (see docs/STRUCTURED_OUTPUTS.md for the measurements behind that choice). JSON schemas are
 compiled compact (no whitespace between tokens, `{"a":1,"b":2}`) unless the schema says otherwise through
@@ -91,7 +92,9 @@ def _canonical_schema(schema) -> str:
     if not isinstance(schema, dict):
         raise ConstraintError(f"json_schema must be a JSON object (a dict), not {type(schema).__name__}")
     try:
-        return json.dumps(schema, sort_keys=True)
+        # Key order is kept, not sorted: llguidance emits properties in the order the schema declares them, and
+        # that order is the user's (e.g. "reasoning" before "answer"). NaN/Infinity are not JSON.
+        return json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise ConstraintError(f"json_schema cannot be written as JSON ({e}); use only JSON values in it") from e
 
@@ -114,13 +117,15 @@ def _grammar_text(spec: ConstraintSpec) -> str:
         return llg.LLMatcher.grammar_from_json_schema(ANY_OBJECT_SCHEMA, defaults=JSON_DEFAULTS)
     if spec.kind == "regex":
         return llg.LLMatcher.grammar_from_regex(spec.source)
-    # Lark as llguidance reads it; a llama.cpp GBNF grammar (rules written with ::=) is converted to Lark first.
-    return llg.grammar_from("grammar", spec.source)
+    if "::=" in spec.source:  # a llama.cpp GBNF grammar: llguidance converts it to Lark
+        return llg.grammar_from("grammar", spec.source)
+    return llg.LLMatcher.grammar_from_lark(spec.source)
 
 
 def _fix_hint(kind: str) -> str:
     return {
-        "json_schema": "fix the schema (llguidance supports JSON Schema draft 2020-12 minus a few keywords)",
+        "json_schema": "fix the schema (llguidance supports JSON Schema draft 2020-12 minus a few keywords; add "
+                       "\"x-guidance\": {\"lenient\": true} to it to ignore the keywords it does not implement)",
         "json_object": "this is a bug in specdecode",
         "regex": "fix the regex (Rust regex syntax, matched against the whole output; no look-around or "
                  "back-references)",
@@ -278,7 +283,8 @@ class Matcher:
             return self._compiler.eos_mask.clone()
         bits = np.unpackbits(self._words.view(np.uint8), count=self.vocab_size, bitorder="little")
         mask = torch.from_numpy(bits.view(np.bool_))
-        mask[self._compiler.n_tokens:] = False
+        if self._compiler.n_tokens < self.vocab_size:  # padded logits: ids past the tokenizer are never text
+            mask[self._compiler.n_tokens:] = False
         return mask
 
     def forced(self, limit: int) -> list[int]:
