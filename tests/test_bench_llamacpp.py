@@ -5,7 +5,6 @@ methods on the small real GGUF SmolLM2-135M (skipped when its package is absent)
 from __future__ import annotations
 
 import json
-import os
 import stat
 import textwrap
 
@@ -14,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from specdecode.bench.llamacpp_peers import SpeculativeBinary, parse_speculative_output
-from specdecode.bench.runner import make_batches
+from specdecode.bench.workload import make_batches
 
 SMOL = "smollm2-135m-instruct"
 

@@ -4,12 +4,18 @@ int8 draft runs, tied embeddings survive, and unsupported inputs fail clearly.""
 from __future__ import annotations
 
 import copy
+import os
+import platform
+import subprocess
+import sys
 
 import pytest
 import torch
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
-from specdecode.models.optimize import PrepackedLinear, prepack_linear_layers, quantize_dynamic_int8
+from specdecode.models import optimize
+from specdecode.models.optimize import (BF16_NEEDS, PrepackedLinear, bf16_kernels_available, prepack_linear_layers,
+                                        quantize_dynamic_int8)
 
 
 def tiny_qwen2(tie: bool = False, seed: int = 0) -> Qwen2ForCausalLM:
@@ -77,6 +83,7 @@ def test_unsupported_inputs_fail_clearly():
         quantize_dynamic_int8(meta)
 
 
+@pytest.mark.skipif(not bf16_kernels_available(), reason=f"no bf16 prepacked draft on this CPU: {BF16_NEEDS}")
 def test_bf16_prepacked_draft_runs_close_to_fp32():
     ref_model = tiny_qwen2()
     model = prepack_linear_layers(copy.deepcopy(ref_model), dtype=torch.bfloat16)
@@ -85,3 +92,34 @@ def test_bf16_prepacked_draft_runs_close_to_fp32():
     ref = logits_with_cache(ref_model, prompt, new)
     assert out.shape == (1, 3, 64) and out.dtype == torch.float32 and torch.isfinite(out).all()
     torch.testing.assert_close(out, ref, atol=5e-2, rtol=5e-2)  # bf16 rounding: draft-only transform
+
+
+def test_bf16_without_the_instruction_sets_fails_in_one_clear_line(monkeypatch):
+    """On a CPU without oneDNN's bf16 kernels (mocked here, so this runs on every CPU): one error naming the
+    instruction sets and the way out, raised before any layer is replaced."""
+    monkeypatch.setattr(optimize, "bf16_kernels_available", lambda: False)
+    model = tiny_qwen2()
+    with pytest.raises(RuntimeError) as error:
+        prepack_linear_layers(model, dtype=torch.bfloat16)
+    message = str(error.value)
+    assert "\n" not in message and "avx512bw, avx512vl and avx512dq" in message and "AVX-NE-CONVERT" in message
+    assert "use an fp32 draft" in message and "int8" in message
+    assert not any(isinstance(m, PrepackedLinear) for m in model.modules())
+    prepack_linear_layers(model)  # fp32 needs no such instruction set
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="ONEDNN_MAX_CPU_ISA is x86's")
+def test_the_bf16_check_agrees_with_onednn():
+    """With oneDNN held to AVX2 (what an AVX2-only CPU offers) the check says no and prepacking fails with the
+    clear line, where oneDNN itself would have raised from inside a reorder."""
+    script = ("import torch\n"
+              "from specdecode.models.optimize import bf16_kernels_available, prepack_linear_layers\n"
+              "print(bf16_kernels_available())\n"
+              "try:\n"
+              "    prepack_linear_layers(torch.nn.Sequential(torch.nn.Linear(4, 4)), dtype=torch.bfloat16)\n"
+              "except RuntimeError as e:\n"
+              "    print(e)\n")
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
+    lines = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    assert lines[0] == "False" and lines[1].startswith("a bf16 prepacked draft cannot run here")

@@ -2,6 +2,8 @@
 
 - llamacpp-plain:          llama-cpp-python's own generation loop (`Llama.generate`), greedy or sampled;
 - llamacpp-prompt-lookup:  the same with `LlamaPromptLookupDecoding` as its draft model;
+- llamacpp-json-schema:    its completion under a JSON schema (`create_completion(grammar=LlamaGrammar
+                           .from_json_schema(...))`, what its `response_format` does), on the json workload;
 - llama-speculative-dmaxN: llama.cpp's `llama-speculative` (or `llama-speculative-simple`) binary, run as a
                            subprocess on the target and draft GGUF files, drafting at most N tokens per step.
 
@@ -27,8 +29,10 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..models.prepare import Progress, prepare_gguf
+if TYPE_CHECKING:
+    from ..models.prepare import Progress
 
 LOOKUP_DEFAULT_TOKENS = 10  # LlamaPromptLookupDecoding's own default num_pred_tokens (used for K = auto)
 LOOKUP_NGRAM = 2  # its default max_ngram_size
@@ -39,6 +43,7 @@ def gguf_file(name_or_path: str | None, progress: Progress | bool | None = None)
     if not name_or_path:
         return None
     from ..models import registry
+    from ..models.prepare import prepare_gguf
 
     path = Path(os.path.expanduser(name_or_path))
     if path.exists():
@@ -66,6 +71,7 @@ class LlamaCppPeers:
 
         self.gguf, self.threads, self.n_ctx = Path(gguf), threads, n_ctx
         self._llamas: dict = {}
+        self._grammars: dict = {}  # JSON schema (its canonical text) -> LlamaGrammar, converted once
 
     def _llama(self, lookup: int | None):
         if lookup not in self._llamas:
@@ -99,6 +105,33 @@ class LlamaCppPeers:
         seconds = time.perf_counter() - t0
         tokens.close()
         return n, seconds
+
+    def complete_json(self, ids: list[int], schema: dict, max_new_tokens: int, temperature: float, top_k: int,
+                      top_p: float, seed: int) -> tuple[int, float, str]:
+        """(new tokens, seconds, text) of one completion that follows schema, as a llama-cpp-python user gets it:
+        `create_completion` with the schema's grammar (what `response_format={"type": "json_object", "schema":
+        ...}` builds). It stops at the end of the JSON value (its end-of-generation token is counted, as ours is)
+        or after max_new_tokens."""
+        import json
+
+        from llama_cpp import LlamaGrammar
+
+        llm = self._llama(None)
+        if len(ids) + max_new_tokens > self.n_ctx:
+            raise ValueError(f"a {len(ids)}-token prompt and {max_new_tokens} new tokens do not fit the llama.cpp "
+                             f"peers' context of {self.n_ctx}")
+        key = json.dumps(schema, sort_keys=True)
+        if key not in self._grammars:  # a user converts a schema once, too
+            self._grammars[key] = LlamaGrammar.from_json_schema(key, verbose=False)
+        llm.reset()  # a fresh prefill, as for llamacpp-plain
+        t0 = time.perf_counter()
+        out = llm.create_completion(list(ids), max_tokens=max_new_tokens, temperature=float(temperature),
+                                    top_k=int(top_k), top_p=float(top_p), min_p=0.0, typical_p=1.0,
+                                    repeat_penalty=1.0, seed=seed & 0xFFFFFFFF, grammar=self._grammars[key])
+        seconds = time.perf_counter() - t0
+        choice = out["choices"][0]
+        n = out["usage"]["completion_tokens"] + (choice["finish_reason"] == "stop")
+        return n, seconds, choice["text"]
 
     def close(self) -> None:
         for llm in self._llamas.values():

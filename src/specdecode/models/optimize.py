@@ -24,7 +24,24 @@ import warnings
 import torch
 import torch.nn as nn
 
-__all__ = ["PrepackedLinear", "prepack_linear_layers", "quantize_dynamic_int8"]
+__all__ = ["PrepackedLinear", "bf16_kernels_available", "prepack_linear_layers", "quantize_dynamic_int8"]
+
+BF16_NEEDS = ("oneDNN's bf16 kernels need a CPU with AVX-512 (avx512bw, avx512vl and avx512dq) or AVX-NE-CONVERT, "
+              "and this CPU has neither")
+
+
+def bf16_kernels_available() -> bool:
+    """Whether oneDNN runs bf16 linears on this CPU: AVX-512 BW/VL/DQ or AVX-NE-CONVERT (as oneDNN itself decides,
+    ONEDNN_MAX_CPU_ISA included). Asked the way torch's own mkldnn ops ask; where this torch build lacks that query,
+    a 1x1 bf16 weight is packed to find out."""
+    query = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    if query is not None:
+        return bool(query())
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.ones(1, 1, dtype=torch.bfloat16), 1)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _check_cpu_model(model: nn.Module, what: str) -> None:
@@ -51,6 +68,10 @@ class PrepackedLinear(nn.Module):
             raise ValueError(f"PrepackedLinear supports fp32 weights only, got {w.dtype}")
         if dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"PrepackedLinear compute dtype must be float32 or bfloat16, got {dtype}")
+        if dtype == torch.bfloat16 and not bf16_kernels_available():
+            # oneDNN's own error names instruction sets only, from deep inside a reorder: say what to do instead
+            raise RuntimeError(f"a bf16 prepacked draft cannot run here: {BF16_NEEDS}; use an fp32 draft "
+                               f"(prepack_linear_layers(model)) or an int8 one (quantize_dynamic_int8)")
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.batch_size_hint = batch_size_hint
@@ -102,10 +123,12 @@ def prepack_linear_layers(
     ``dtype=torch.bfloat16`` (DRAFT ONLY -- it changes the outputs): weights packed in bf16, activations
     cast to bf16 per Linear and the result cast back (the rest of the model stays fp32). Fast only on
     CPUs with native bf16 (AVX512-BF16 / AMX; ``torch.backends.mkldnn`` uses them through oneDNN);
-    elsewhere oneDNN emulates bf16 and it can be slower than fp32.
+    on other AVX-512 CPUs oneDNN emulates bf16 and it can be slower than fp32, and on CPUs without AVX-512
+    BW/VL/DQ or AVX-NE-CONVERT (AVX2-only) oneDNN has no bf16 linear at all (see bf16_kernels_available).
 
     Raises ``ValueError`` for a model not on the CPU or with non-fp32 Linear weights, and
-    ``RuntimeError`` where this torch build has no oneDNN (mkldnn).
+    ``RuntimeError`` where this torch build has no oneDNN (mkldnn), or for bf16 on a CPU without bf16 kernels
+    (before any layer is replaced).
     """
     if not torch.backends.mkldnn.is_available():
         raise RuntimeError("prepack_linear_layers needs a torch build with oneDNN (torch.backends.mkldnn)")

@@ -6,6 +6,7 @@ import collections
 import threading
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -97,5 +98,70 @@ class ServerMetrics:
             if t[3]:
                 self.mean_accepted_length.set(t[2] / t[3])
 
+    def watch_policy(self, policy_of) -> None:
+        """Export the speculation policy's figures (policy_of() returns the policy, or None), read at each scrape."""
+        self.registry.register(PolicyCollector(policy_of))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class PolicyCollector:
+    """What the engine's speculation policy measured and decided (Policy.figures() and its one-line explanation),
+    read when /metrics is scraped, so the numbers are the latest without the engine pushing them."""
+
+    def __init__(self, policy_of):
+        self.policy_of = policy_of
+
+    def describe(self):
+        return []  # nothing to check at registration: the families exist only once a policy does
+
+    def collect(self):
+        summary = _latest_summary(self.policy_of())
+        if summary is None:
+            return
+        info = InfoMetricFamily("specdecode_policy", "The speculation policy and its explanation of its choice.")
+        info.add_metric([], {"policy": summary["policy"], "explanation": summary["explanation"]})
+        yield info
+        if not summary["steps"]:
+            return  # before any step the figures are priors: nothing measured to export
+        yield _gauge("specdecode_policy_expected_speedup", "Speedup over plain decoding that Leviathan's formula "
+                     "gives at the policy's measured costs and acceptance, for its best K (a fixed policy: its K).",
+                     summary["expected_speedup"])
+        yield _gauge("specdecode_policy_best_k", "The K with the highest expected speedup at the measured numbers.",
+                     summary["best_k"])
+        yield _gauge("specdecode_policy_draft_step_cost", "One draft step, in target steps (an estimate until "
+                     "timed).", summary["draft_step_cost"])
+        verify = GaugeMetricFamily("specdecode_policy_verify_cost", "A target forward of n tokens, in target steps "
+                                   "(an estimate where n was not timed).", labels=["tokens"])
+        for n, cost in summary["verify_cost"].items():
+            verify.add_metric([str(n)], cost)
+        yield verify
+        if summary["acceptance_rate"] is not None:
+            yield _gauge("specdecode_policy_acceptance_rate", "Drafts kept / drafts verified, recent steps weighted "
+                         "more (the evidence the policy decides on).", summary["acceptance_rate"])
+        if summary["target_step_s"] is not None:
+            yield _gauge("specdecode_policy_target_step_seconds", "A plain target step (1 token) as the policy timed "
+                         "it.", summary["target_step_s"])
+        steps = GaugeMetricFamily("specdecode_policy_steps", "Engine steps by the K the policy chose (0 = plain).",
+                                  labels=["k"])
+        for k, n in summary["k_histogram"].items():
+            steps.add_metric([str(k)], n)
+        yield steps
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def _latest_summary(policy, attempts: int = 3) -> dict | None:
+    """policy.summary(), read from the HTTP thread while the engine thread may be updating it: a dict that grows
+    during the read raises RuntimeError, and the next read sees a consistent state."""
+    if policy is None or not hasattr(policy, "figures"):
+        return None  # a policy of the user's own may not explain itself
+    for _ in range(attempts):
+        try:
+            return policy.summary()
+        except RuntimeError:
+            continue
+    return None

@@ -3,11 +3,13 @@
 Built-in sets (JSON lines, one {"id", "prompt"} object per line, shipped as package data):
 - code:  code completion and small programming tasks (drafts are accepted often),
 - prose: explanations, emails, stories (drafts are accepted less often),
-- edit:  code-editing tasks whose answer repeats most of the input (the best case for speculation).
+- edit:  code-editing tasks whose answer repeats most of the input (the best case for speculation),
+- json:  chat-style requests for JSON (extract an invoice, fill a form, ...), each with the JSON schema its answer
+         must follow ({"id", "prompt", "schema"}): the workload of structured outputs.
 
 A user file (for bench, and for `generate --prompts-file`: one reader, parse_prompts) may be .jsonl (objects
-with a "prompt" key, or JSON strings), or plain text: prompts separated by lines holding only `---`, or, when
-there is no such line, one prompt per non-empty line.
+with a "prompt" key and optionally a "schema" object, or JSON strings), or plain text: prompts separated by
+lines holding only `---`, or, when there is no such line, one prompt per non-empty line.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-BUILTIN_SETS = ("code", "prose", "edit")
+BUILTIN_SETS = ("code", "prose", "edit", "json")
 
 
 @dataclass(frozen=True)
 class Prompt:
     id: str
     text: str
+    schema: dict | None = None  # the JSON schema the answer must follow (None: free text)
 
 
 def builtin_names() -> tuple[str, ...]:
@@ -52,7 +55,8 @@ def load_file(path: str | Path) -> list[Prompt]:
 def parse_prompts(text: str, name: str, jsonl: bool = False) -> list[Prompt]:
     """The one reader of prompt files (and of stdin): errors name `name` and the line.
 
-    JSON lines: each non-blank line a JSON string or an object with a string "prompt" (and an optional "id").
+    JSON lines: each non-blank line a JSON string or an object with a string "prompt" (and an optional "id", and
+    an optional "schema": the JSON schema of the answer, an object).
     Text: prompts separated by lines holding only `---`, or, when there is no such line, one prompt per non-blank
     line (kept as it is).
     """
@@ -80,7 +84,7 @@ def parse_prompts(text: str, name: str, jsonl: bool = False) -> list[Prompt]:
 
 
 def load_prompts(spec: str) -> list[Prompt]:
-    """A built-in set name (code, prose, edit) or a path to a prompt file."""
+    """A built-in set name (code, prose, edit, json) or a path to a prompt file."""
     if spec in BUILTIN_SETS:
         return load_builtin(spec)
     if Path(spec).expanduser().exists():
@@ -98,7 +102,10 @@ def _parse_jsonl(text: str, name: str, stem: str) -> list[Prompt]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{name} line {lineno}: not valid JSON ({e.msg})") from None
         if isinstance(item, dict) and isinstance(item.get("prompt"), str):
-            prompt = Prompt(str(item.get("id", f"{stem}-{len(prompts)}")), item["prompt"])
+            schema = item.get("schema")
+            if schema is not None and not isinstance(schema, dict):
+                raise ValueError(f'{name} line {lineno}: "schema" must be a JSON object (a JSON schema)')
+            prompt = Prompt(str(item.get("id", f"{stem}-{len(prompts)}")), item["prompt"], schema)
         elif isinstance(item, str):
             prompt = Prompt(f"{stem}-{len(prompts)}", item)
         else:

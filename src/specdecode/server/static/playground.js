@@ -292,6 +292,7 @@ function showCounters(view) {
 
 function resetCounters() {
   for (const id of ["c-tps", "c-acceptance", "c-mal", "c-k", "c-tokens", "c-steps"]) $(id).textContent = "–";
+  $("policy").hidden = true;
   $("c-k-mean").textContent = "";
   drawChart([]);
 }
@@ -329,6 +330,30 @@ function drawChart(steps) {
     chart.appendChild(svg("polyline", { points: line.join(" "), fill: "none", stroke: "#3b73d9",
       "stroke-width": 1.5, class: "running" }));
   }
+}
+
+// ------------------------------------------------------------------------------------------ the policy's explanation
+// The server's speculation policy explains its latest choice in the "explanation" label of the info metric
+// specdecode_policy_info on /metrics (Prometheus text format, where \\, \" and \n are escaped in label values).
+function policyExplanation(metricsText) {
+  const line = metricsText.split("\n").find((l) => l.startsWith("specdecode_policy_info{"));
+  if (!line) return null;
+  for (const [, name, raw] of line.matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) {
+    if (name === "explanation") return raw.replace(/\\(.)/g, (_, c) => (c === "n" ? "\n" : c));
+  }
+  return null;
+}
+
+// After a run: the policy's line under the chart; hidden when the server does not export it.
+async function showPolicy() {
+  const box = $("policy");
+  let explanation = null;
+  try {
+    const response = await fetch("/metrics", { headers: requestHeaders() });
+    if (response.ok) explanation = policyExplanation(await response.text());
+  } catch (_) { /* no metrics: the page works without the explanation */ }
+  $("policy-line").textContent = explanation || "";
+  box.hidden = !explanation;
 }
 
 // ------------------------------------------------------------------------------------------ page state
@@ -387,6 +412,7 @@ async function generate(settings, signal) {
   const view = new TokenView($("output"), true);
   const finish = await streamRun(settings, settings.k, view, signal);
   $("status").dataset.finish = finish || "";
+  await showPolicy();
 }
 
 // Plain (K = 0) then speculative, one after the other on the one server.
@@ -429,6 +455,7 @@ async function race(settings, signal) {
   } else {
     identical.textContent = "Sampled (temperature > 0): the texts may differ; both follow the target's distribution.";
   }
+  await showPolicy();
 }
 
 function laneSummary(view) {

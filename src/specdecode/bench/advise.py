@@ -1,0 +1,303 @@
+"""`specdecode advise`: what speculative decoding can give on this machine, measured in one short run.
+
+What is measured, on the caller's target (and draft) as loaded, one prompt at a time:
+- the target's step (a 1-token forward on a warm cache) and v(n) = a forward of n tokens / a forward of 1, for
+  n = 1..max_k + 1 (the verification of K drafts is a forward of K + 1 tokens), with bench.runner.measure_costs;
+- c, the draft model's step in target steps (0 for drafters without a model: prompt lookup, suffix);
+- for each drafter, one run at a fixed K = max_k on the prompts: how often draft j was proposed and kept.
+
+One run at the largest K predicts every smaller K: a step's drafts at K are the first K of its drafts at max_k,
+so draft j is kept at K when it is at max_k (exactly for greedy drafts; in expectation when sampling). Per step,
+with L the drafts the drafter proposed (a draft model: always K; prompt lookup: what its n-gram match offers),
+  S_j = P(L >= j and drafts 1..j kept) = accepted_per_position[j-1] / steps
+  P_j = P(L >= j)                      = proposed_per_position[j-1] / steps
+and the acceptance of position j is a_j = S_j / S_{j-1}: given drafts 1..j-1 were kept, the chance draft j is
+kept (Leviathan et al.'s conditional acceptance; for prompt lookup it includes the chance draft j was offered).
+  E(K)       = 1 + sum_{j<=K} prod_{i<=j} a_i                      tokens per step
+  time(K)    = c sum_{j<=K} P_j + sum_l P(min(K, L) = l) v(l + 1)  target steps per step
+  speedup(K) = E(K) / time(K)                                      over plain decoding (a token per target step)
+For a drafter that always proposes K (P_j = 1) time(K) = K c + v(K + 1): Leviathan's formula with the measured
+costs. The roofline is what a perfect free draft would give here (a_i = 1, c = 0): max_K (K + 1) / v(K + 1).
+
+The best K of each drafter (with measure="all": every K) is then decoded on the same prompts beside plain decoding
+and its measured speedup reported next to the prediction. Speedups compare decoding after the prefill (decode
+tokens/s), which is what the formula models; end-to-end throughput (`specdecode bench`) also counts the prefill,
+the draft model's included, so over short generations it gains a little less.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import importlib.util
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..drafters import PromptLookupDrafter
+from ..engine import AutoregressiveGenerator, SpeculativeGenerator
+from ..policy import expected_tokens
+from .runner import Record, environment, measure_costs, run_ours
+
+SCHEMA = "specdecode.advise/1"
+MAX_K = 8
+MARGIN = 0.05  # a predicted gain under 5 % is within the noise of a short run: not worth drafting for
+MEASURE = ("best", "all", "none")
+WARMUP_TOKENS = 8
+
+
+# ----------------------------------------------------------------------------------------------- the arithmetic
+def acceptance_of(accepted: list[int], steps: int) -> list[float]:
+    """a_j = S_j / S_{j-1}, S_j = accepted[j-1] / steps, S_0 = 1; 0 after a position that was never kept."""
+    survival = [1.0] + [a / steps if steps else 0.0 for a in accepted]
+    return [s / prev if prev else 0.0 for prev, s in zip(survival, survival[1:])]
+
+
+def step_time(proposal: list[float], k: int, draft_step: float, verify: dict[int, float]) -> float:
+    """Target steps of a step at K: c per draft proposed, and a forward of 1 + min(K, L) tokens, where
+    proposal[j-1] = P(L >= j)."""
+    offered = [1.0] + list(proposal[:k]) + [0.0]  # P(min(K, L) >= n) for n = 0..K, and 0 beyond K
+    drafting = draft_step * sum(offered[1:k + 1])
+    verifying = sum((offered[n] - offered[n + 1]) * verify[n + 1] for n in range(k + 1))
+    return drafting + verifying
+
+
+def predicted_speedup(acceptance: list[float], proposal: list[float], k: int, draft_step: float,
+                      verify: dict[int, float]) -> float:
+    return expected_tokens(acceptance, k) / step_time(proposal, k, draft_step, verify)
+
+
+def roofline(verify: dict[int, float], max_k: int) -> dict:
+    """The best any draft could do here, every draft kept and free: (K + 1) / v(K + 1) at its best K (0: plain)."""
+    gains = {k: (k + 1) / verify[k + 1] for k in range(max_k + 1)}
+    best = max(gains, key=gains.__getitem__)
+    return {"k": best, "speedup": gains[best]}
+
+
+# ----------------------------------------------------------------------------------------------- the drafters
+def drafters_to_try(draft) -> tuple[dict, dict]:
+    """({name: draft model or drafter}, {name: why it is left out}): the draft model when there is one, prompt
+    lookup, and the suffix drafter when this install has one."""
+    drafters, skipped = {}, {}
+    if draft is None:
+        skipped["model"] = "no draft model (--draft none)"
+    elif isinstance(draft, PromptLookupDrafter):
+        skipped["model"] = "no draft model (--draft prompt-lookup)"
+    else:
+        drafters["model"] = draft
+    drafters["prompt-lookup"] = PromptLookupDrafter()
+    suffix, why = _suffix_drafter()
+    if suffix is not None:
+        drafters["suffix"] = suffix
+    else:
+        skipped["suffix"] = why
+    return drafters, skipped
+
+
+def _suffix_drafter():
+    """(a SuffixDrafter with its defaults, None) from specdecode.drafters.suffix, or (None, why not)."""
+    if importlib.util.find_spec("specdecode.drafters.suffix") is None:
+        return None, "specdecode.drafters.suffix is not in this install"
+    factory = getattr(importlib.import_module("specdecode.drafters.suffix"), "SuffixDrafter", None)
+    if factory is None:
+        return None, "specdecode.drafters.suffix has no SuffixDrafter"
+    try:
+        return factory(), None
+    except TypeError as e:  # it wants arguments advise cannot guess
+        return None, f"SuffixDrafter() needs arguments: {e}"
+
+
+# ----------------------------------------------------------------------------------------------- measuring
+def advise(target, draft, prompt_ids: list[list[int]], max_new_tokens: int = 64, max_k: int = MAX_K,
+           temperature: float = 0.0, seed: int = 0, method: str = "leviathan", measure: str = "best",
+           cost_repeats: int = 3, progress: Callable[[str], None] | None = None) -> dict:
+    """The report (a JSON-ready dict): costs, each drafter's acceptance and predicted (and measured) speedup per
+    K in 1..max_k, the roofline and the recommendation. target, draft: what the generators accept (draft may be
+    None or a PromptLookupDrafter: the model-free drafters are tried anyway)."""
+    if measure not in MEASURE:
+        raise ValueError(f"measure must be one of {', '.join(MEASURE)}, got {measure!r}")
+    if not prompt_ids or max_new_tokens < 2 or max_k < 1:
+        raise ValueError("advise needs prompts, max_new_tokens >= 2 and max_k >= 1")
+    progress = progress or (lambda _label: None)
+    started = time.time()
+    drafters, skipped = drafters_to_try(draft)
+    plain = AutoregressiveGenerator(target)
+    model = drafters.get("model")
+    timer = SpeculativeGenerator(target, model, num_speculative_tokens=1, method=method) \
+        if model is not None else plain
+    costs = measure_costs(timer, prompt_ids[0], list(range(1, max_k + 1)), cost_repeats)
+    verify = {1: 1.0, **{int(k) + 1: v for k, v in costs["v"].items()}}
+    progress("step costs")
+    run = _Runs([[ids] for ids in prompt_ids], max_new_tokens, temperature, seed)
+    baseline = run.timed(plain) if measure != "none" else None
+    progress("plain decoding")
+    setting = _Setting(target, method, max_k, verify, costs["target_step_ms"] / 1000, run, baseline, measure,
+                       progress)
+    reports = [_drafter_report(name, drafter, costs["c"] if name == "model" else 0.0, setting)
+               for name, drafter in drafters.items()]
+    roof = roofline(verify, max_k)
+    return {
+        "schema": SCHEMA,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "elapsed_s": time.time() - started,
+        "environment": environment(plain),
+        "config": {"max_k": max_k, "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
+                   "sampler": method, "num_prompts": len(prompt_ids), "prompt_tokens": [len(p) for p in prompt_ids],
+                   "measure": measure, "speedup": "decode tokens/s (after the prefill) over plain decoding's"},
+        "costs": {"target_step_ms": costs["target_step_ms"], "v": {str(n): x for n, x in verify.items()},
+                  "verify_ms": {str(int(k) + 1): ms for k, ms in costs["verify_ms"].items()},
+                  "draft_step_ms": costs["draft_step_ms"], "c": costs["c"], "repeats": costs["repeats"]},
+        "plain": _rates(baseline),
+        "drafters": reports,
+        "skipped": skipped,
+        "roofline": roof,
+        "recommendation": recommend(reports, roof, verify),
+    }
+
+
+class _Runs:
+    """Decodes the prompts one at a time with a generator: untimed (for acceptance) or after a short warm-up."""
+
+    def __init__(self, batches: list, max_new_tokens: int, temperature: float, seed: int):
+        self.batches, self.max_new_tokens, self.temperature, self.seed = batches, max_new_tokens, temperature, seed
+
+    def once(self, generator) -> Record:
+        return run_ours(generator, self.batches, self.max_new_tokens, self.temperature, 0, 1.0, self.seed)
+
+    def timed(self, generator) -> Record:
+        run_ours(generator, self.batches[:1], WARMUP_TOKENS, self.temperature, 0, 1.0, self.seed)
+        return self.once(generator)
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """What every drafter's measurement shares."""
+
+    target: object
+    method: str
+    max_k: int
+    verify: dict  # n -> v(n)
+    target_step_s: float
+    run: _Runs
+    baseline: Record | None  # plain decoding's run; None: nothing is timed (measure="none")
+    measure: str
+    progress: Callable[[str], None]
+
+
+def _drafter_report(name: str, drafter, draft_step: float, setting: _Setting) -> dict:
+    """One drafter: a run at max_k for its acceptance, the prediction per K, and the measured Ks."""
+    max_k, verify, run, baseline = setting.max_k, setting.verify, setting.run, setting.baseline
+
+    def generator(k: int):
+        return SpeculativeGenerator(setting.target, drafter, num_speculative_tokens=k, method=setting.method)
+
+    widest = run.timed(generator(max_k)) if baseline is not None else run.once(generator(max_k))
+    setting.progress(f"{name} K={max_k}")
+    stats = widest.stats
+    steps = stats.verification_steps
+    accepted = _padded(stats.accepted_per_position, max_k)
+    proposed = _padded(stats.proposed_per_position, max_k)
+    acceptance = acceptance_of(accepted, steps)
+    proposal = [p / steps if steps else 0.0 for p in proposed]
+    by_k = [{"k": k, "expected_tokens": expected_tokens(acceptance, k),
+             "step_time": step_time(proposal, k, draft_step, verify),
+             "speedup": predicted_speedup(acceptance, proposal, k, draft_step, verify)} for k in range(1, max_k + 1)]
+    best = max(by_k, key=lambda row: row["speedup"])
+    measured = {max_k: widest}
+    if baseline is not None:
+        wanted = range(1, max_k) if setting.measure == "all" else [best["k"]] if best["k"] != max_k else []
+        for k in wanted:
+            measured[k] = run.timed(generator(k))
+            setting.progress(f"{name} K={k}")
+    for row in by_k:
+        row["expected_end_to_end_speedup"] = _end_to_end(row["speedup"], widest, baseline)
+        row.update(_measured(measured.get(row["k"]), baseline))
+    return {"name": name, "draft_step_cost": draft_step, "steps": steps, "prefill_time_s": stats.prefill_time_s,
+            "accepted_per_position": accepted, "proposed_per_position": proposed,
+            "acceptance": acceptance, "proposal": proposal,
+            "acceptance_rate": stats.acceptance_rate, "by_k": by_k,
+            "best_k": best["k"], "best_speedup": best["speedup"], "in_loop": _in_loop(stats, setting.target_step_s)}
+
+
+def _in_loop(stats, target_step_s: float) -> dict:
+    """What the run at max_k spent per step and per draft inside the decoding loop, in target steps: beside the
+    forward timings the prediction uses, it shows how much the loop adds (sampling, bookkeeping, transfers)."""
+    steps, drafts = stats.verification_steps, stats.proposed_tokens
+    loop = stats.draft_time_s + stats.verify_time_s + stats.other_time_s
+    return {"step_time": loop / steps / target_step_s if steps else None,
+            "draft_step_cost": stats.draft_time_s / drafts / target_step_s if drafts else None}
+
+
+def _padded(counts: list[int], width: int) -> list[int]:
+    return list(counts[:width]) + [0] * (width - len(counts))
+
+
+def _rates(record: Record | None) -> dict | None:
+    if record is None:
+        return None
+    return {"tokens_per_second": record.tokens_per_second,
+            "decode_tokens_per_second": record.stats.decode_tokens_per_second,
+            "prefill_time_s": record.stats.prefill_time_s,
+            "decode_time_s": record.stats.wall_time_s - record.stats.prefill_time_s}
+
+
+def _end_to_end(speedup: float, speculative: Record, baseline: Record | None) -> float | None:
+    """The speedup with the prefills counted (what `specdecode bench` reports as tokens/s): plain decoding's measured
+    prefill and decode times against the drafter's measured prefill (the draft model's included, the same at any K)
+    and plain decoding's decode time divided by the predicted speedup."""
+    if baseline is None:
+        return None
+    plain = baseline.stats
+    decode = plain.wall_time_s - plain.prefill_time_s
+    return (plain.prefill_time_s + decode) / (speculative.stats.prefill_time_s + decode / speedup)
+
+
+def _measured(record: Record | None, baseline: Record | None) -> dict:
+    """The measured speedup of a run over plain decoding (decode and end to end), None where not measured."""
+    if record is None or baseline is None:
+        return {"measured_speedup": None, "measured_end_to_end_speedup": None}
+    plain = _rates(baseline)
+    decode, whole = record.stats.decode_tokens_per_second, record.tokens_per_second
+    return {"measured_speedup": decode / plain["decode_tokens_per_second"]
+            if plain["decode_tokens_per_second"] else None,
+            "measured_end_to_end_speedup": whole / plain["tokens_per_second"] if plain["tokens_per_second"] else None}
+
+
+# ----------------------------------------------------------------------------------------------- the advice
+def recommend(reports: list[dict], roof: dict, verify: dict[int, float]) -> dict:
+    """The best drafter and K when it beats plain decoding by more than MARGIN, else plain decoding and why."""
+    best = max(reports, key=lambda r: r["best_speedup"], default=None)
+    if best is not None and best["best_speedup"] >= 1 + MARGIN:
+        k = best["best_k"]
+        return {"drafter": best["name"], "k": k, "expected_speedup": best["best_speedup"],
+                "text": f"{best['name']} drafts, K={k}: {best['best_speedup']:.2f}× expected"
+                        f"{_flags(best['name'], k)}"}
+    return {"drafter": None, "k": 0, "expected_speedup": 1.0, "text": "plain decoding: " + _why_plain(best, roof,
+                                                                                                        verify)}
+
+
+def _flags(name: str, k: int) -> str:
+    flags = {"model": f"-k {k}", "prompt-lookup": f"--draft prompt-lookup -k {k}"}.get(name)
+    return f" ({flags}; -k auto finds it too)" if flags else ""
+
+
+def _why_plain(best: dict | None, roof: dict, verify: dict[int, float]) -> str:
+    top = max(verify)
+    costs = f"a forward of 2 tokens costs {verify[2]:.2f} target steps, of {top} tokens {verify[top]:.2f}"
+    ceiling = f"drafts always kept and free would give at most {roof['speedup']:.2f}×"
+    if roof["speedup"] < 1 + MARGIN:
+        return f"no draft can pay on this machine: {costs}, so even {ceiling}"
+    if best is None:
+        return f"no drafter to try; {ceiling} here ({costs})"
+    k, offered = best["best_k"], best["proposal"][0]
+    if best["draft_step_cost"]:
+        detail = (f"{_percent(best['acceptance'][0])} of first drafts kept, a draft step costs "
+                  f"{best['draft_step_cost']:.2f} target steps")
+    else:  # a model-free drafter often has nothing to offer: its acceptance counts those steps as misses
+        kept = best["acceptance"][0] / offered if offered else 0.0
+        detail = f"drafts offered on {_percent(offered)} of steps, {_percent(kept)} of first drafts kept"
+    return f"the best drafter, {best['name']} at K={k}, would give {best['best_speedup']:.2f}× ({detail}); {ceiling}"
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.0f} %"

@@ -1,0 +1,42 @@
+"""The bench's methods, in one registry: name -> class, in the order the report lists them.
+
+Adding a peer is one file here: a BenchMethod subclass (its name, `unavailable`, `run`, and what its `report`
+adds), imported and listed in REGISTRY below. The runner, the report, the CLI's --methods and its help read
+the methods from this registry only.
+"""
+
+from __future__ import annotations
+
+from .base import BenchContext, BenchMethod
+from .hf_assisted import HFAssisted
+from .hf_plain import HFPlain
+from .llamacpp_json_schema import LlamaCppJsonSchema
+from .llamacpp_plain import LlamaCppPlain
+from .llamacpp_prompt_lookup import LlamaCppPromptLookup
+from .llamacpp_speculative import LlamaSpeculative
+from .specdecode import SpecDecode
+from .specdecode_plain import SpecDecodePlain
+
+REGISTRY: dict[str, type[BenchMethod]] = {cls.name: cls for cls in (
+    SpecDecodePlain, SpecDecode, HFPlain, HFAssisted, LlamaCppPlain, LlamaCppPromptLookup, LlamaCppJsonSchema,
+    LlamaSpeculative)}
+METHODS = tuple(REGISTRY)
+
+
+def default_methods(structured: bool = False) -> tuple[str, ...]:
+    """The methods run unless --methods names others: the default ones that fit the workload (free text, or
+    prompts with JSON schemas)."""
+    return tuple(name for name, cls in REGISTRY.items()
+                 if cls.default and (cls.structured if structured else not cls.structured_only))
+
+
+DEFAULT_METHODS = default_methods()
+
+
+def plain_of(name: str) -> str | None:
+    """The plain baseline of a method as the report names it (llama-speculative-dmax4 is llama-speculative's)."""
+    cls = REGISTRY.get(name) or next((c for n, c in REGISTRY.items() if name.startswith(n + "-")), None)
+    return cls.plain if cls is not None else None
+
+
+__all__ = ["BenchContext", "BenchMethod", "DEFAULT_METHODS", "METHODS", "REGISTRY", "default_methods", "plain_of"]

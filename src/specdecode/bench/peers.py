@@ -1,0 +1,83 @@
+"""The models the peers of our decoding run on, set up from the user's options.
+
+- transformers' methods: our target and draft (--peer-models same), or copies loaded as a transformers user loads
+  them (stock: plain weights, no prepacking, no draft quantization), whatever backend ours run on;
+- llama.cpp's methods: the GGUF files of the target and draft (ours when they run on llama.cpp, else the GGUF of a
+  built-in model or a .gguf file), the threads, and the llama-speculative binary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import OptionError
+from .methods import REGISTRY
+from .methods.base import LLAMACPP, TRANSFORMERS
+
+PEER_MODELS = ("stock", "same")
+
+
+@dataclass
+class LlamaPeerSetup:
+    """What llama.cpp's methods run on: the GGUF files of our target and draft (None when a model is not a GGUF),
+    the threads, and the llama-speculative binary (None: that method is not run)."""
+
+    target_gguf: str | None
+    draft_gguf: str | None = None
+    threads: int | None = None
+    speculative_binary: str | None = None
+
+
+def _runs_on(methods, kind: str) -> bool:
+    return any(REGISTRY[m].runs_on == kind for m in methods)
+
+
+def stock_models(peer_models: str, opts, methods, sanity: bool, ours: str):
+    """The models transformers' methods run on: ours ("same"), or as a transformers user loads them ("stock":
+    plain fp32 weights, no prepacking, no draft quantization). (None, None) means ours. opts: the ModelOptions
+    (specdecode.pair) ours were loaded with; ours: the backend our target runs on."""
+    if peer_models not in PEER_MODELS:
+        raise OptionError("peer_models", f"peer_models must be stock or same, got {peer_models!r}")
+    ours_is_stock = (not opts.prepack and opts.draft_quantize in (None, "none") and opts.quantize in (None, "none")
+                     and ours == "transformers")
+    if peer_models == "same" or not _runs_on(methods, TRANSFORMERS) or ours_is_stock:
+        return None, None
+    from ..models.loading import load_model
+
+    # transformers' methods need transformers models, whatever backend ours run on.
+    stock = dict(device=opts.device, dtype=opts.dtype, device_map=opts.device_map,
+                 trust_remote_code=opts.trust_remote_code, progress=False, backend="transformers")
+    target = load_model(opts.target, **stock)
+    draft = None
+    if opts.has_draft and not opts.draft_is_lookup and not sanity:
+        draft = load_model(opts.draft, **stock)
+    return target, draft
+
+
+def llama_setup(opts, target_model, draft_model, methods, binary: str | None, sanity: bool) -> LlamaPeerSetup | None:
+    """The GGUF files and threads llama.cpp's methods run on: ours when they run on llama.cpp, else the GGUF of a
+    built-in model or .gguf file (None for anything else: those methods are then left out)."""
+    from .llamacpp_peers import default_threads, gguf_file
+
+    if not _runs_on(methods, LLAMACPP):
+        return None
+
+    def gguf(name, loaded):
+        if getattr(loaded, "backend", None) == "llamacpp":
+            return loaded.path
+        path = gguf_file(name, progress=False)
+        return str(path) if path is not None else None
+
+    draft = None
+    if opts.has_draft and not opts.draft_is_lookup and draft_model is not None and not sanity:
+        draft = gguf(opts.draft, draft_model)
+    return LlamaPeerSetup(target_gguf=gguf(opts.target, target_model), draft_gguf=draft,
+                          threads=opts.threads or default_threads(), speculative_binary=binary)
+
+
+def llama_context(prompt_ids: list[list[int]], max_new_tokens: int, extra: int) -> int:
+    """A context that holds the longest prompt, the new tokens and a step of drafts, rounded up to 256: Llama with
+    a draft keeps the logits of every position (n_ctx x vocabulary floats), so it stays small."""
+    need = max(len(p) for p in prompt_ids) + max_new_tokens + extra + 16
+    return 256 * math.ceil(need / 256)
