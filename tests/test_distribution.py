@@ -170,7 +170,7 @@ def test_rows_with_different_settings_in_one_batch_each_follow_their_own_target(
     batch = [prompts[i % n_rows] for i in range(12_000 * n_rows)]  # 12k per setting: 4 settings share a batch
     settings = [MIXED[i % n_rows] for i in range(len(batch))]
     result = generator.generate(batch, max_new_tokens=5, temperature=[t for t, _, _ in settings],
-                                top_k=[k_ for _, k_, _ in settings], top_p=[p for _, _, p in settings], seed=99,
+                                top_k=[k_ for _, k_, _ in settings], top_p=[p for _, _, p in settings], seed=2024,
                                 ignore_eos=True)
     tokens = torch.tensor(result.token_ids)
     greedy_rows = tokens[0::n_rows]
