@@ -423,7 +423,8 @@ def test_explains_plain_decoding_with_its_own_numbers():
     assert line.startswith(f"plain decoding on {plain} of 300 steps")
     assert f"draft step {c:.2f} of a target step" in line
     assert f"verifying {best + 1} tokens {figures['verify_cost'][best + 1]:.2f} steps" in line
-    assert f"{100 * figures['acceptance_rate']:.0f} % acceptance K={best} would give {recomputed:.2f}×" in line
+    assert f"at the measured {100 * figures['acceptance_rate']:.0f} % acceptance" in line
+    assert line.endswith(f" K={best} would give {recomputed:.2f}×")
 
 
 @pytest.mark.parametrize("name", ["steep, K=2 wins", "CPU figures"])
@@ -467,3 +468,15 @@ def test_explains_before_any_step_and_without_a_draft():
     simulate(plain, 10, curve({1: 1.0, 2: 1.1}), 0.1, 0.8)
     assert plain.explain() == "plain decoding (K fixed at 0) on 10 steps: nothing drafted"
     assert plain.summary()["expected_speedup"] == 1.0
+
+
+def test_an_acceptance_on_few_drafts_says_so():
+    policy = AdaptivePolicy(4)
+    rows = [policy.new_row()]
+    policy.observe(rows, 0, [0], 1, None, 1.0)
+    policy.observe(rows, 1, [1], 1, 0.3, 1.5)  # one draft, kept
+    assert "at the measured 100 % acceptance (1 draft so far) K=" in policy.explain()
+    for _ in range(20):
+        policy.observe(rows, 2, [1], 1, 0.6, 1.6)
+    line = policy.explain()
+    assert "so far" not in line and "% acceptance K=" in line

@@ -63,6 +63,7 @@ CEILING_ACCEPTANCE = 0.95  # the best acceptance a probe could find; if even tha
 TRIAL_BUDGET = 0.03        # a probe or an exploration may cost its draft's catch-up only up to 3 % of the plain
                            # decoding time since the last one
 PRIOR_CATCH_UP = 0.2       # an unmeasured catch-up, in draft steps per token fed
+THIN_EVIDENCE = 10         # an explanation counts the drafts behind an acceptance measured on fewer than this
 
 
 class RowState:
@@ -302,7 +303,7 @@ class Policy(ABC):
             "batch_size": batch, "target_step_s": timed[1].value if 1 in timed else None,
             "draft_step_cost": draft_step, "draft_step_measured": batch in self._draft,
             "verify_cost": verify, "verify_measured": sorted(n for n in timed if n <= self.max_k + 1),
-            "acceptance_rate": sum(self.accepted) / seen if seen else None,
+            "acceptance_rate": sum(self.accepted) / seen if seen else None, "acceptance_evidence": seen,
             "speedup_by_k": speedups, "best_k": best, "expected_speedup": speedups.get(best, 1.0),
         }
 
@@ -343,7 +344,9 @@ class Policy(ABC):
             return f"{draft}, {verify}; no draft verified yet"
         speedup = figures["speedup_by_k"][k]
         verb = "gives" if speedup >= 1 else "would give"
-        return f"{draft}, {verify}; at the measured {100 * rate:.0f} % acceptance K={k} {verb} {speedup:.2f}×"
+        drafts = round(figures["acceptance_evidence"])
+        thin = f" ({drafts} draft{'s' * (drafts != 1)} so far)" if drafts < THIN_EVIDENCE else ""
+        return f"{draft}, {verify}; at the measured {100 * rate:.0f} % acceptance{thin} K={k} {verb} {speedup:.2f}×"
 
 
 def _timed(figures: dict, n: int = 1, draft: bool = False) -> bool:

@@ -1,9 +1,11 @@
 """`specdecode advise`: what speculative decoding can give on this machine, measured in one short run.
 
-What is measured, on the caller's target (and draft) as loaded, one prompt at a time:
-- the target's step (a 1-token forward on a warm cache) and v(n) = a forward of n tokens / a forward of 1, for
-  n = 1..max_k + 1 (the verification of K drafts is a forward of K + 1 tokens), with bench.runner.measure_costs;
-- c, the draft model's step in target steps (0 for drafters without a model: prompt lookup, suffix);
+What is measured, on the caller's target (and draft) as loaded, one prompt at a time (bench.costs.measure_costs:
+forwards on a warm cache, medians):
+- the target's step (a forward of 1 token) and v(n) = a forward of n tokens / a forward of 1, n = 1..max_k + 1
+  (verifying K drafts is a forward of K + 1 tokens);
+- the draft model's costs in target steps: c, its forward of 1 token; c2, of 2 tokens; and its prompt's forward
+  (0 for drafters without a model: prompt lookup, suffix);
 - for each drafter, one run at a fixed K = max_k on the prompts: how often draft j was proposed and kept.
 
 One run at the largest K predicts every smaller K: a step's drafts at K are the first K of its drafts at max_k,
@@ -13,16 +15,21 @@ with L the drafts the drafter proposed (a draft model: always K; prompt lookup: 
   P_j = P(L >= j)                      = proposed_per_position[j-1] / steps
 and the acceptance of position j is a_j = S_j / S_{j-1}: given drafts 1..j-1 were kept, the chance draft j is
 kept (Leviathan et al.'s conditional acceptance; for prompt lookup it includes the chance draft j was offered).
-  E(K)       = 1 + sum_{j<=K} prod_{i<=j} a_i                      tokens per step
-  time(K)    = c sum_{j<=K} P_j + sum_l P(min(K, L) = l) v(l + 1)  target steps per step
-  speedup(K) = E(K) / time(K)                                      over plain decoding (a token per target step)
-For a drafter that always proposes K (P_j = 1) time(K) = K c + v(K + 1): Leviathan's formula with the measured
-costs. The roofline is what a perfect free draft would give here (a_i = 1, c = 0): max_K (K + 1) / v(K + 1).
+  E(K)       = 1 + sum_{j<=K} prod_{i<=j} a_i                                tokens per step
+  time(K)    = c sum_{j<=K} P_j + (c2 - c) S_K + sum_l P(min(K, L) = l) v(l+1)  target steps per step
+  speedup(K) = E(K) / time(K)                                                over plain decoding
+For a draft model (P_j = 1) this is Leviathan's K c + v(K + 1) with one correction the loop showed: after a step
+that kept all its drafts, the next step's first draft forward feeds two tokens (the last draft and the bonus
+token), S_K of the time. A draft model also reads its prompt in a row's first step (lazily, so that rows decoded
+plainly never pay for it): over a row of n new tokens the speedup is n / (n time(K) / E(K) + prefill), which is
+what advise predicts, ranks and checks for the given prompts and length (`speedup_at_length`; `speedup` is the
+long-generation limit). The roofline is what a perfect free draft would give here (a_i = 1, no draft cost):
+max_K (K + 1) / v(K + 1).
 
-The best K of each drafter (with measure="all": every K) is then decoded on the same prompts beside plain decoding
-and its measured speedup reported next to the prediction. Speedups compare decoding after the prefill (decode
-tokens/s), which is what the formula models; end-to-end throughput (`specdecode bench`) also counts the prefill,
-the draft model's included, so over short generations it gains a little less.
+The best K of each drafter (with measure="all": every K) is then decoded on the same prompts beside plain
+decoding, and its measured speedup of decode tokens/s (after the target's prefill, the draft's included as in the
+prediction) reported next to the prediction; also end to end, the target's prefill counted, as `specdecode bench`
+reports tokens/s.
 """
 
 from __future__ import annotations
@@ -30,14 +37,20 @@ from __future__ import annotations
 import datetime
 import importlib
 import importlib.util
+import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable
+
+import torch
 
 from ..drafters import PromptLookupDrafter
 from ..engine import AutoregressiveGenerator, SpeculativeGenerator
 from ..policy import expected_tokens
-from .runner import Record, environment, measure_costs, run_ours
+from .costs import measure_costs
+from .environment import environment
+from .methods.specdecode_plain import run_ours
+from .units import Measurement as Record
 
 SCHEMA = "specdecode.advise/1"
 MAX_K = 8
@@ -47,24 +60,43 @@ WARMUP_TOKENS = 8
 
 
 # ----------------------------------------------------------------------------------------------- the arithmetic
+@dataclass(frozen=True)
+class DraftCost:
+    """A drafter's costs in target steps; all 0 for a drafter without a model."""
+
+    step: float = 0.0  # c: a forward of 1 token
+    pair: float = 0.0  # c2: a forward of 2 tokens, a step's first after a step that kept every draft
+    prefill: float = 0.0  # the forward of a row's prompt, in its first step (mean over the prompts)
+
+
 def acceptance_of(accepted: list[int], steps: int) -> list[float]:
     """a_j = S_j / S_{j-1}, S_j = accepted[j-1] / steps, S_0 = 1; 0 after a position that was never kept."""
     survival = [1.0] + [a / steps if steps else 0.0 for a in accepted]
     return [s / prev if prev else 0.0 for prev, s in zip(survival, survival[1:])]
 
 
-def step_time(proposal: list[float], k: int, draft_step: float, verify: dict[int, float]) -> float:
-    """Target steps of a step at K: c per draft proposed, and a forward of 1 + min(K, L) tokens, where
-    proposal[j-1] = P(L >= j)."""
+def step_time(acceptance: list[float], proposal: list[float], k: int, draft: DraftCost,
+              verify: dict[int, float]) -> float:
+    """Target steps of a step at K: c per draft proposed (c2 for the first after a full acceptance), and a forward
+    of 1 + min(K, L) tokens, where proposal[j-1] = P(L >= j)."""
     offered = [1.0] + list(proposal[:k]) + [0.0]  # P(min(K, L) >= n) for n = 0..K, and 0 beyond K
-    drafting = draft_step * sum(offered[1:k + 1])
+    all_kept = expected_tokens(acceptance, k) - expected_tokens(acceptance, k - 1)  # S_K = prod a_1..a_K
+    drafting = draft.step * sum(offered[1:k + 1]) + (draft.pair - draft.step) * all_kept
     verifying = sum((offered[n] - offered[n + 1]) * verify[n + 1] for n in range(k + 1))
     return drafting + verifying
 
 
-def predicted_speedup(acceptance: list[float], proposal: list[float], k: int, draft_step: float,
+def predicted_speedup(acceptance: list[float], proposal: list[float], k: int, draft: DraftCost,
                       verify: dict[int, float]) -> float:
-    return expected_tokens(acceptance, k) / step_time(proposal, k, draft_step, verify)
+    """E(K) / time(K): the long-generation limit."""
+    return expected_tokens(acceptance, k) / step_time(acceptance, proposal, k, draft, verify)
+
+
+def speedup_at_length(acceptance: list[float], proposal: list[float], k: int, draft: DraftCost,
+                      verify: dict[int, float], new_tokens: int) -> float:
+    """Over a row's new_tokens decoded after its prefill: its steps, and the draft reading the prompt first."""
+    steps = new_tokens / expected_tokens(acceptance, k)
+    return new_tokens / (steps * step_time(acceptance, proposal, k, draft, verify) + draft.prefill)
 
 
 def roofline(verify: dict[int, float], max_k: int) -> dict:
@@ -108,6 +140,26 @@ def _suffix_drafter():
 
 
 # ----------------------------------------------------------------------------------------------- measuring
+def measure_draft_cost(draft_model, prompt_ids: list[list[int]], target_step_s: float, repeats: int) -> dict:
+    """The draft model's forwards of 1 and 2 tokens (measure_costs, on the draft as a target) and of each prompt
+    (the fastest of two), in ms and as a DraftCost in target steps."""
+    alone = AutoregressiveGenerator(draft_model)
+    costs = measure_costs(alone, prompt_ids[0], [1], repeats)
+    prefill = statistics.mean(min(_prompt_seconds(alone.target, ids) for _ in range(2)) for ids in prompt_ids)
+    step_s, pair_s = costs["target_step_ms"] / 1000, costs["verify_ms"]["1"] / 1000
+    return {"step_ms": 1000 * step_s, "pair_ms": 1000 * pair_s, "prefill_ms": 1000 * prefill,
+            "cost": DraftCost(step_s / target_step_s, pair_s / target_step_s, prefill / target_step_s)}
+
+
+def _prompt_seconds(backend, ids: list[int]) -> float:
+    backend.reset(1)
+    start = time.perf_counter()
+    backend.forward(torch.tensor([ids], dtype=torch.long, device=backend.device), last_only=True)
+    if backend.device.type == "cuda":
+        torch.cuda.synchronize(backend.device)
+    return time.perf_counter() - start
+
+
 def advise(target, draft, prompt_ids: list[list[int]], max_new_tokens: int = 64, max_k: int = MAX_K,
            temperature: float = 0.0, seed: int = 0, method: str = "leviathan", measure: str = "best",
            cost_repeats: int = 3, progress: Callable[[str], None] | None = None) -> dict:
@@ -122,18 +174,17 @@ def advise(target, draft, prompt_ids: list[list[int]], max_new_tokens: int = 64,
     started = time.time()
     drafters, skipped = drafters_to_try(draft)
     plain = AutoregressiveGenerator(target)
-    model = drafters.get("model")
-    timer = SpeculativeGenerator(target, model, num_speculative_tokens=1, method=method) \
-        if model is not None else plain
-    costs = measure_costs(timer, prompt_ids[0], list(range(1, max_k + 1)), cost_repeats)
+    costs = measure_costs(plain, prompt_ids[0], list(range(1, max_k + 1)), cost_repeats)
+    target_step_s = costs["target_step_ms"] / 1000
     verify = {1: 1.0, **{int(k) + 1: v for k, v in costs["v"].items()}}
+    model = drafters.get("model")
+    draft_costs = measure_draft_cost(model, prompt_ids, target_step_s, cost_repeats) if model is not None else None
     progress("step costs")
     run = _Runs([[ids] for ids in prompt_ids], max_new_tokens, temperature, seed)
     baseline = run.timed(plain) if measure != "none" else None
     progress("plain decoding")
-    setting = _Setting(target, method, max_k, verify, costs["target_step_ms"] / 1000, run, baseline, measure,
-                       progress)
-    reports = [_drafter_report(name, drafter, costs["c"] if name == "model" else 0.0, setting)
+    setting = _Setting(target, method, max_k, verify, max_new_tokens - 1, run, baseline, measure, progress)
+    reports = [_drafter_report(name, drafter, draft_costs["cost"] if name == "model" else DraftCost(), setting)
                for name, drafter in drafters.items()]
     roof = roofline(verify, max_k)
     return {
@@ -141,12 +192,15 @@ def advise(target, draft, prompt_ids: list[list[int]], max_new_tokens: int = 64,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "elapsed_s": time.time() - started,
         "environment": environment(plain),
-        "config": {"max_k": max_k, "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
-                   "sampler": method, "num_prompts": len(prompt_ids), "prompt_tokens": [len(p) for p in prompt_ids],
-                   "measure": measure, "speedup": "decode tokens/s (after the prefill) over plain decoding's"},
+        "config": {"max_k": max_k, "max_new_tokens": max_new_tokens, "decode_tokens": max_new_tokens - 1,
+                   "temperature": temperature, "seed": seed, "sampler": method, "num_prompts": len(prompt_ids),
+                   "prompt_tokens": [len(p) for p in prompt_ids], "measure": measure,
+                   "speedup": "decode tokens/s (after the target's prefill) over plain decoding's"},
         "costs": {"target_step_ms": costs["target_step_ms"], "v": {str(n): x for n, x in verify.items()},
                   "verify_ms": {str(int(k) + 1): ms for k, ms in costs["verify_ms"].items()},
-                  "draft_step_ms": costs["draft_step_ms"], "c": costs["c"], "repeats": costs["repeats"]},
+                  "repeats": costs["repeats"],
+                  "draft": None if draft_costs is None else {**{k: v for k, v in draft_costs.items() if k != "cost"},
+                                                              **asdict(draft_costs["cost"])}},
         "plain": _rates(baseline),
         "drafters": reports,
         "skipped": skipped,
@@ -177,14 +231,14 @@ class _Setting:
     method: str
     max_k: int
     verify: dict  # n -> v(n)
-    target_step_s: float
+    decode_tokens: int  # new tokens of a row after its prefill's
     run: _Runs
     baseline: Record | None  # plain decoding's run; None: nothing is timed (measure="none")
     measure: str
     progress: Callable[[str], None]
 
 
-def _drafter_report(name: str, drafter, draft_step: float, setting: _Setting) -> dict:
+def _drafter_report(name: str, drafter, draft: DraftCost, setting: _Setting) -> dict:
     """One drafter: a run at max_k for its acceptance, the prediction per K, and the measured Ks."""
     max_k, verify, run, baseline = setting.max_k, setting.verify, setting.run, setting.baseline
 
@@ -199,10 +253,9 @@ def _drafter_report(name: str, drafter, draft_step: float, setting: _Setting) ->
     proposed = _padded(stats.proposed_per_position, max_k)
     acceptance = acceptance_of(accepted, steps)
     proposal = [p / steps if steps else 0.0 for p in proposed]
-    by_k = [{"k": k, "expected_tokens": expected_tokens(acceptance, k),
-             "step_time": step_time(proposal, k, draft_step, verify),
-             "speedup": predicted_speedup(acceptance, proposal, k, draft_step, verify)} for k in range(1, max_k + 1)]
-    best = max(by_k, key=lambda row: row["speedup"])
+    by_k = [_prediction(k, acceptance, proposal, draft, verify, setting.decode_tokens, baseline)
+            for k in range(1, max_k + 1)]
+    best = max(by_k, key=lambda row: row["speedup_at_length"])
     measured = {max_k: widest}
     if baseline is not None:
         wanted = range(1, max_k) if setting.measure == "all" else [best["k"]] if best["k"] != max_k else []
@@ -210,22 +263,21 @@ def _drafter_report(name: str, drafter, draft_step: float, setting: _Setting) ->
             measured[k] = run.timed(generator(k))
             setting.progress(f"{name} K={k}")
     for row in by_k:
-        row["expected_end_to_end_speedup"] = _end_to_end(row["speedup"], widest, baseline)
         row.update(_measured(measured.get(row["k"]), baseline))
-    return {"name": name, "draft_step_cost": draft_step, "steps": steps, "prefill_time_s": stats.prefill_time_s,
+    return {"name": name, "draft_step_cost": draft.step, "draft_pair_cost": draft.pair,
+            "draft_prefill_cost": draft.prefill, "steps": steps,
             "accepted_per_position": accepted, "proposed_per_position": proposed,
-            "acceptance": acceptance, "proposal": proposal,
-            "acceptance_rate": stats.acceptance_rate, "by_k": by_k,
-            "best_k": best["k"], "best_speedup": best["speedup"], "in_loop": _in_loop(stats, setting.target_step_s)}
+            "acceptance": acceptance, "proposal": proposal, "acceptance_rate": stats.acceptance_rate,
+            "by_k": by_k, "best_k": best["k"], "best_speedup": best["speedup_at_length"]}
 
 
-def _in_loop(stats, target_step_s: float) -> dict:
-    """What the run at max_k spent per step and per draft inside the decoding loop, in target steps: beside the
-    forward timings the prediction uses, it shows how much the loop adds (sampling, bookkeeping, transfers)."""
-    steps, drafts = stats.verification_steps, stats.proposed_tokens
-    loop = stats.draft_time_s + stats.verify_time_s + stats.other_time_s
-    return {"step_time": loop / steps / target_step_s if steps else None,
-            "draft_step_cost": stats.draft_time_s / drafts / target_step_s if drafts else None}
+def _prediction(k: int, acceptance: list[float], proposal: list[float], draft: DraftCost, verify: dict,
+                decode_tokens: int, baseline: Record | None) -> dict:
+    at_length = speedup_at_length(acceptance, proposal, k, draft, verify, decode_tokens)
+    return {"k": k, "expected_tokens": expected_tokens(acceptance, k),
+            "step_time": step_time(acceptance, proposal, k, draft, verify),
+            "speedup": predicted_speedup(acceptance, proposal, k, draft, verify), "speedup_at_length": at_length,
+            "expected_end_to_end_speedup": _end_to_end(at_length, baseline)}
 
 
 def _padded(counts: list[int], width: int) -> list[int]:
@@ -241,15 +293,14 @@ def _rates(record: Record | None) -> dict | None:
             "decode_time_s": record.stats.wall_time_s - record.stats.prefill_time_s}
 
 
-def _end_to_end(speedup: float, speculative: Record, baseline: Record | None) -> float | None:
-    """The speedup with the prefills counted (what `specdecode bench` reports as tokens/s): plain decoding's measured
-    prefill and decode times against the drafter's measured prefill (the draft model's included, the same at any K)
-    and plain decoding's decode time divided by the predicted speedup."""
+def _end_to_end(speedup: float, baseline: Record | None) -> float | None:
+    """With the target's prefill counted (as `specdecode bench` reports tokens/s): plain decoding's measured prefill
+    and decode times, against the same prefill and the decode time divided by the speedup."""
     if baseline is None:
         return None
-    plain = baseline.stats
-    decode = plain.wall_time_s - plain.prefill_time_s
-    return (plain.prefill_time_s + decode) / (speculative.stats.prefill_time_s + decode / speedup)
+    plain = _rates(baseline)
+    return (plain["prefill_time_s"] + plain["decode_time_s"]) / \
+        (plain["prefill_time_s"] + plain["decode_time_s"] / speedup)
 
 
 def _measured(record: Record | None, baseline: Record | None) -> dict:
@@ -272,8 +323,8 @@ def recommend(reports: list[dict], roof: dict, verify: dict[int, float]) -> dict
         return {"drafter": best["name"], "k": k, "expected_speedup": best["best_speedup"],
                 "text": f"{best['name']} drafts, K={k}: {best['best_speedup']:.2f}× expected"
                         f"{_flags(best['name'], k)}"}
-    return {"drafter": None, "k": 0, "expected_speedup": 1.0, "text": "plain decoding: " + _why_plain(best, roof,
-                                                                                                        verify)}
+    return {"drafter": None, "k": 0, "expected_speedup": 1.0,
+            "text": "plain decoding: " + _why_plain(best, roof, verify)}
 
 
 def _flags(name: str, k: int) -> str:

@@ -38,16 +38,17 @@ def advise(
 ) -> None:
     """Measure this machine's costs and each drafter's acceptance; predict the speedup of every K; recommend.
 
-    Times the target's step, v(n) = a forward of n tokens / a forward of 1 (n = 1..9), the draft model's step c,
-    and, for each drafter (the draft model, prompt lookup, and the suffix drafter where installed), how often
-    each draft position is kept on the prompts (one run at the largest K). Then prints the speedup Leviathan's
-    formula gives for K = 1..8 (-k N: up to N), the measured speedup of each drafter's best K, the roofline (drafts
-    always kept and free) and the recommendation. About two minutes on the default pair with 2 threads.
+    Times the target's step, v(n) = a forward of n tokens / a forward of 1 (n = 1..9) and the draft model's
+    forwards (1 and 2 tokens, its prompt); counts, for each drafter (the draft model, prompt lookup, and the suffix
+    drafter where installed), how often each draft position is kept on the prompts (one run at the largest K).
+    Then prints the speedup Leviathan's formula gives for K = 1..8 (-k N: up to N), the measured speedup of each
+    drafter's best K, the roofline (drafts always kept and free) and the recommendation. About a minute on the
+    default pair with 2 threads (docs/ADVISE.md).
     """
     with user_errors():
         from ..bench.advise import MEASURE, advise as run_advise
         from ..bench.prompts import load_prompts
-        from ..bench.runner import encode_prompts
+        from ..bench.workload import encode_prompts
         from ..sampling import SamplingParams
 
         max_k = 8 if opts.num_speculative_tokens == AUTO else int(opts.num_speculative_tokens)
@@ -102,37 +103,43 @@ def _print(report: dict) -> None:
               + f"  prompts {config['prompts']} ({config['num_prompts']}), {config['max_new_tokens']} new tokens, "
               f"T={config['temperature']:g}")
     line = f"target step {costs['target_step_ms']:.1f} ms"
-    if costs.get("c") is not None:
-        line += f"; draft step {costs['draft_step_ms']:.1f} ms: c = {costs['c']:.2f} target steps"
+    draft = costs.get("draft")
+    if draft is not None:
+        line += (f"; draft model: 1 token {draft['step_ms']:.1f} ms (c = {draft['step']:.2f} target steps), 2 tokens "
+                 f"{draft['pair_ms']:.1f} ms ({draft['pair']:.2f}), its prompt {draft['prefill_ms']:.0f} ms "
+                 f"({draft['prefill']:.1f})")
     out.print(line)
     out.print("v(n) = forward of n tokens / forward of 1: "
               + "  ".join(f"v({n})={v:.2f}" for n, v in costs["v"].items()))
-    table = Table(title="expected speedup over plain decoding \\[measured]", title_justify="left")
+    table = Table(title=f"expected speedup over plain decoding, {config['decode_tokens']} tokens after the prefill "
+                        f"\\[measured]", title_justify="left")
     table.add_column("drafter", no_wrap=True)
-    table.add_column("c", justify="right")
     table.add_column("acceptance per position", no_wrap=True)
     for k in range(1, config["max_k"] + 1):
         table.add_column(f"K={k}", justify="right", no_wrap=True)
     for drafter in report["drafters"]:
         cells = []
         for row in drafter["by_k"]:
-            cell = f"{row['speedup']:.2f}×"
+            cell = f"{row['speedup_at_length']:.2f}×"
             if row["measured_speedup"] is not None:
                 cell += f" [{row['measured_speedup']:.2f}×]"
             cells.append(f"[bold]{cell}[/]" if row["k"] == drafter["best_k"] else cell)
-        table.add_row(drafter["name"], f"{drafter['draft_step_cost']:.2f}",
-                      " ".join(f"{a:.0%}" for a in drafter["acceptance"]), *cells)
+        table.add_row(drafter["name"], " ".join(f"{a:.0%}" for a in drafter["acceptance"]), *cells)
     out.print(table, soft_wrap=False)
-    out.print("expected: Leviathan's formula E(K) / (K c + v(K+1)) with the measured costs and acceptance per position "
-              "(for drafters that offer fewer than K drafts, the forwards they cause); measured: decode tokens/s over "
+    out.print("expected: Leviathan's E(K) / time(K) with the measured costs and acceptance per position, time(K) = "
+              "K c + v(K+1) (+ c2 - c after a step that kept every draft; for drafters that offer fewer than K drafts, "
+              "the forwards they cause), and the draft model reading each prompt; measured: decode tokens/s over "
               "plain decoding's on the same prompts", soft_wrap=True, markup=False)
     for drafter in report["drafters"]:
         row = drafter["by_k"][drafter["best_k"] - 1]
+        longest = max(drafter["by_k"], key=lambda r: r["speedup"])
+        line = f"{drafter['name']}: on long generations {longest['speedup']:.2f}× at K={longest['k']}"
         if row["expected_end_to_end_speedup"] is not None:
             measured = row["measured_end_to_end_speedup"]
-            out.print(f"{drafter['name']} at K={row['k']} end to end (prefills counted, as `specdecode bench` "
-                      f"reports tokens/s): {row['expected_end_to_end_speedup']:.2f}× expected"
-                      + (f", {measured:.2f}× measured" if measured is not None else ""), markup=False)
+            line += (f"; at K={row['k']} end to end (the target's prefill counted, as `specdecode bench` reports "
+                     f"tokens/s) {row['expected_end_to_end_speedup']:.2f}× expected"
+                     + (f", {measured:.2f}× measured" if measured is not None else ""))
+        out.print(line, markup=False)
     for name, why in report["skipped"].items():
         out.print(f"{name}: left out ({why})", markup=False)
     roof = report["roofline"]
