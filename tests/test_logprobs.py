@@ -4,16 +4,13 @@ is the target's, after the row's temperature/top-k/top-p, exactly what plain dec
 import pytest
 import torch
 
-from conftest import perturbed_copy, tiny_qwen
 from reference import hf_warp
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator
 
 
 @pytest.fixture(scope="module")
-def models(tokenizer):
-    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    target = tiny_qwen(len(tokenizer), seed=21, eos_token_id=eos)
-    return target, perturbed_copy(target, 0.4, seed=22)
+def models(tiny_pair):
+    return tiny_pair
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from specdecode.chat import ChatTemplateError, NoChatTemplateError, encode_chat
 from specdecode.server import ServerSettings, create_app, served_names
 from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixture)
+from test_server_helpers import chat_ids, openai_client
 from test_server_helpers import (MODEL, CLIServer, error_shape, free_port, make_generator, metric, metric_values,
                                  serve, serve_slow, tiny_serve_args, wait_until)
 
@@ -41,12 +42,7 @@ def engine(tiny_pair, tokenizer):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-def chat_ids(tokenizer, messages):
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return openai_client(server.url)
 
 
 def streamed_text(engine, prompt, **kwargs) -> str:

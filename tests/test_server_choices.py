@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 
 from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixture)
+from test_server_helpers import chat_ids, openai_client
 from test_server_helpers import MODEL, make_generator, serve
 
 PROMPT = "def quicksort(arr):"
@@ -31,12 +31,8 @@ def engine(tiny_pair, tokenizer):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai_client(server.url)
 
-
-def _chat_ids(tokenizer, messages) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def test_n_sampled_choices_differ_and_greedy_ones_agree(client, engine, tokenizer):
@@ -64,7 +60,7 @@ def test_a_seeded_request_of_n_choices_reproduces_itself_and_the_engine(client, 
     assert one.choices[0].text == texts[0]  # choice 0 is what n = 1 gets
     chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, max_tokens=10, temperature=0.9,
                                           seed=3)
-    ids = _chat_ids(tokenizer, MESSAGES)
+    ids = chat_ids(tokenizer, MESSAGES)
     assert [c.message.content for c in chat.choices] == engine.generate([ids, ids], max_new_tokens=10,
                                                                         temperature=0.9, seed=3).texts
 

@@ -203,3 +203,16 @@ def tiny_serve_args(tiny_model_dirs, port: int) -> list[str]:
     """`specdecode serve` options for the tiny models, on one thread."""
     return ["--target", tiny_model_dirs["target"], "--draft", tiny_model_dirs["draft"], "--draft-quantize", "none",
             "--threads", "1", "--port", str(port)]
+
+
+def openai_client(url: str, timeout: float = 60):
+    """The official client on a test server (no retries: a failure must show)."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
+def chat_ids(tokenizer, messages) -> list[int]:
+    """The prompt ids the server builds for a chat request (its template, no extra special tokens)."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -9,12 +9,12 @@ import json
 import math
 
 import httpx
-import openai
 import pytest
 import torch
 
 from specdecode.server.logprobs import LOGPROB_FLOOR, TokenTexts
 from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixture)
+from test_server_helpers import chat_ids, openai_client
 from test_server_helpers import MODEL, make_generator, serve
 
 PROMPT = "def quicksort(arr):"
@@ -36,7 +36,7 @@ def engine(tiny_pair, tokenizer):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai_client(server.url)
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +49,6 @@ def _openai_kwargs(sampling: dict) -> tuple[dict, dict]:
     own = {k: v for k, v in sampling.items() if k in ("temperature", "top_p", "seed")}
     return own, {k: v for k, v in sampling.items() if k == "top_k"}
 
-
-def _chat_ids(tokenizer, messages) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def _listed(texts, token: int, logprob: float, top) -> dict[str, float]:
@@ -146,7 +142,7 @@ def test_n_choices_and_several_prompts_each_get_their_logprobs(client, engine):
 def test_chat_logprobs_are_the_engines_with_their_bytes(client, engine, tokenizer):
     res = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, temperature=0.7, seed=11,
                                          logprobs=True, top_logprobs=2)
-    solo = engine.generate([_chat_ids(tokenizer, MESSAGES)], max_new_tokens=24, temperature=0.7, seed=11,
+    solo = engine.generate([chat_ids(tokenizer, MESSAGES)], max_new_tokens=24, temperature=0.7, seed=11,
                            return_logprobs=2)
     choice, ids = res.choices[0], solo.token_ids[0]
     content = choice.logprobs.content  # list[ChatCompletionTokenLogprob]

@@ -10,10 +10,10 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
 
 from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixture)
+from test_server_helpers import openai_client
 from test_server_helpers import MODEL, error_shape, make_generator, serve
 
 PROMPT = "Once upon a time"
@@ -39,7 +39,7 @@ def engine(tiny_pair, tokenizer):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server.url, timeout=120)
 
 
 def _valid(text: str, schema: dict | None = None):

@@ -12,7 +12,6 @@ import json
 import pytest
 import torch
 
-from conftest import perturbed_copy, tiny_qwen
 from reference import assert_matches, hf_warp
 from specdecode import AutoregressiveGenerator, PromptLookupDrafter, SpeculativeGenerator
 from specdecode.constraints import ConstraintError, ConstraintSpec, GrammarCompiler
@@ -25,10 +24,8 @@ SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {
 
 
 @pytest.fixture(scope="module")
-def models(tokenizer):
-    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    target = tiny_qwen(len(tokenizer), seed=21, eos_token_id=eos)
-    return target, perturbed_copy(target, 0.4, seed=22)
+def models(tiny_pair):
+    return tiny_pair
 
 
 @pytest.fixture(scope="module")
