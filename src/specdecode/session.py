@@ -232,7 +232,8 @@ class DecodingSession:
     def _decode_step(self) -> list[TokenEvent]:
         t0 = time.perf_counter()
         active, sampling = self.active, self.sampling
-        forced = self.grammars.forced([min(MAX_FORCED, r.remaining - 1) for r in active])
+        forced = self.grammars.forced([min(MAX_FORCED, r.remaining - 1) for r in active]) if self.grammars.any \
+            else [[]] * len(active)
         k_rows = self._choose_k(forced)
         widths = [len(f) or k for f, k in zip(forced, k_rows)]
         last = torch.tensor([[r.tokens[-1]] for r in active], dtype=torch.long, device=self.device)
@@ -242,7 +243,9 @@ class DecodingSession:
             sampling.noise = self.generators.noise(max(widths) + 1, self.target.vocab_size)
         proposal = self._propose(k_rows, u_draft)
         drafts, q = _with_forced(proposal, forced, self.sampling)
-        masks, widths = self.grammars.verify_masks(drafts.tolist(), widths)
+        masks = None
+        if self.grammars.any:  # free batches skip this: drafts.tolist() would be a host sync before the forward
+            masks, widths = self.grammars.verify_masks(drafts.tolist(), widths)
         t1 = self._clock()
         logits, hidden = _forward(self.target, torch.cat([last, drafts], dim=1), None, self.hidden_wanted)
         scores = sampling.scores(logits, masks)
