@@ -86,7 +86,7 @@ class SpeculativeGenerator:
 
     def __init__(self, target, draft, num_speculative_tokens: int | str = "auto", method: str = "leviathan",
                  tokenizer=None, vocab_size: int | None = None, max_speculative_tokens: int = 8,
-                 timing: bool | None = None):
+                 timing: bool | None = None, prefix_cache_tokens: int = 0):
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
         target_model, target_tok = unwrap_model(target)
@@ -103,6 +103,7 @@ class SpeculativeGenerator:
         self.timing = self.target.device.type != "cuda" if timing is None else timing
         self.eos_token_ids = eos_token_ids(self.target) | tokenizer_eos_ids(self.tokenizer)
         self._grammars = None  # the tokenizer's grammar compiler, made when a request first needs one
+        self.prefix_cache = _prefix_cache(self.target, prefix_cache_tokens)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -234,6 +235,10 @@ class SpeculativeGenerator:
                                                            eos_token_ids=sorted(self.eos_token_ids))
         return self._grammars.compile(constraint)
 
+    def set_prefix_cache(self, max_tokens: int) -> None:
+        """Keep up to max_tokens tokens of finished rows' KV to reuse for prompts that start with them (0: off)."""
+        self.prefix_cache = _prefix_cache(self.target, max_tokens)
+
     def session(self, policy=None, prefill_tokens_per_step: int | None = None,
                 max_batch: int | None = None) -> "DecodingSession":
         """A batch that rows join and leave between steps (continuous batching; see DecodingSession)."""
@@ -291,3 +296,12 @@ def _row_seeds(seed, n: int) -> tuple[list, list[int]]:
     if isinstance(seed, int) and not isinstance(seed, bool):
         return [seed] * n, list(range(n))
     return [seed] * n, [0] * n  # None, or a bad value that request() rejects with a clear error
+
+
+def _prefix_cache(target, max_tokens: int):
+    from .prefix_cache import PrefixCache
+
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        raise ValueError(f"prefix_cache_tokens must be an integer >= 0 (0: off), got {max_tokens!r}")
+    cache = PrefixCache(max_tokens)
+    return cache if cache.usable(target) else None

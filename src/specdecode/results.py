@@ -46,6 +46,7 @@ class Stats:
     proposed_tokens: int = 0
     accepted_tokens: int = 0
     forced_tokens: int = 0  # tokens the rows' grammars forced, verified as certain drafts (not in proposed_tokens)
+    cached_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache instead of a prefill
     verification_steps: int = 0  # row-steps: one per row per target verification call
     target_forward_calls: int = 0
     draft_forward_calls: int = 0
@@ -130,6 +131,7 @@ class RowStats:
     accepted_tokens: int = 0
     forced_tokens: int = 0
     verification_steps: int = 0
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache (OpenAI's prompt_tokens_details)
 
     def add_verification(self, k: int, accepted: int) -> None:
         self.verification_steps += 1

@@ -92,6 +92,8 @@ class DecodingSession:
         self.grammars = RowGrammars([], self.target.vocab_size, self.device)
         self.cancelled: set[int] = set()
         self.hidden_wanted = self.drafter is not None and self.drafter.needs_hidden_states
+        # Hidden states of a cached prefix are not kept: a drafter that reads them prefills whole prompts.
+        self.prefix_cache = None if self.hidden_wanted else gen.prefix_cache
         max_k = self.policy.max_k
         self.stats = Stats(num_speculative_tokens=max_k, accepted_per_position=[0] * max_k,
                            proposed_per_position=[0] * max_k, policy="auto" if self.policy.adaptive else "fixed")
@@ -166,8 +168,7 @@ class DecodingSession:
         room = len(self.waiting) if self.max_batch is None else self.max_batch - len(self.active)
         if self._staging is None and self.waiting and room > 0:
             rows = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
-            ids, valid = pad([r.request.prompt for r in rows], self.device, side="left")
-            self._staging = [rows, self.target.fork(len(rows)), ids, valid, 0]
+            self._staging = self._stage(rows)
         if self._staging is None:
             return []
         start = time.perf_counter()
@@ -183,6 +184,27 @@ class DecodingSession:
             events = self._join(rows, fork, ids, valid, logits, hidden)
         self.stats.prefill_time_s += time.perf_counter() - start
         return [] if self._staging is not None else events
+
+    def _stage(self, rows: list[Row]) -> list:
+        """A fork of the target for joining rows, each starting from the longest prefix of its prompt whose KV is
+        cached (a finished or a running row's); what is left of the prompts is prefilled from there."""
+        cache, prompts = self.prefix_cache, [r.request.prompt for r in rows]
+        hits = [None] * len(rows)
+        if cache is not None:
+            running = [(r.request.prompt + r.tokens, n) for r, n in zip(self.active, self.target.lengths)]
+            hits = [cache.lookup(self.target, p, running, self.prefill_tokens_per_step) for p in prompts]
+            if not cache.make_room(self.target, len(rows), [h[0] for h in hits if h]):
+                hits = [None] * len(rows)
+        fork = self.target.fork(len(rows))
+        if any(hits):
+            fork.load_prefixes(hits)
+        for row, hit in zip(rows, hits):
+            row.stats.cached_tokens = hit[1] if hit else 0
+            self.stats.cached_prompt_tokens += row.stats.cached_tokens
+            if cache is not None:
+                cache.record(len(row.request.prompt), row.stats.cached_tokens)
+        ids, valid = pad([p[r.stats.cached_tokens:] for p, r in zip(prompts, rows)], self.device, side="left")
+        return [rows, fork, ids, valid, 0]
 
     def _prefill_columns(self, left: int, rows: int) -> int:
         return min(left, max(1, self.prefill_tokens_per_step // rows)) if self.prefill_tokens_per_step else left
@@ -205,6 +227,8 @@ class DecodingSession:
         if self.drafter is not None:
             drafter = self.drafter.fork(len(rows))
             calls = drafter.forward_calls
+            if any(r.stats.cached_tokens for r in rows):  # the drafter takes whole prompts
+                ids, valid = pad([r.request.prompt for r in rows], self.device, side="left")
             drafter.prefill(ids, valid, hidden)
             drafter.update([[t] for t in first], [0] * len(rows))
             self.stats.draft_forward_calls += drafter.forward_calls - calls
@@ -373,13 +397,24 @@ class DecodingSession:
                 row.finish_reason = "cancelled"
         keep = [i for i, r in enumerate(self.active) if r.finish_reason is None]
         if len(keep) < len(self.active):
-            self.target.select_rows(keep)
+            self._park_or_drop(keep)
             if self.drafter is not None:
                 self.drafter.select_rows(keep)
             self.generators.select(keep)
             self.sampling = self.sampling.select(keep)
             self.grammars = self.grammars.select(keep)
             self.active = [self.active[i] for i in keep]
+
+    def _park_or_drop(self, keep: list[int]) -> None:
+        """Finished rows leave the target's batch; with a prefix cache their KV stays, as a cache entry."""
+        if self.prefix_cache is None:
+            self.target.select_rows(keep)
+            return
+        gone = [i for i in range(len(self.active)) if i not in set(keep)]
+        held = self.target.lengths
+        for i, handle in zip(gone, self.target.park(gone)):
+            row = self.active[i]
+            self.prefix_cache.insert((row.request.prompt + row.tokens)[: held[i]], handle)
 
     def result(self, indices: list[int] | None = None) -> GenerationResult:
         """The GenerationResult of these rows (all by default), with the session's statistics."""

@@ -49,6 +49,41 @@ class ModelBackend(Protocol):
         """Append the rows of a fork (after its prefill) to this batch, after the existing rows."""
 
 
+class PrefixCaching(Protocol):
+    """What a backend offers the prefix cache (optional: `caches_prefixes` says whether a backend has it).
+
+    reusable_prefix: optional (see the function of that name). free_rows: rows that can still be forked now.
+    """
+
+    def reusable_prefix(self, length: int, matched: int, budget: int | None) -> int: ...
+
+    def free_rows(self) -> int: ...
+
+    def park(self, rows: list[int]) -> list:
+        """Remove these rows from the batch (as select_rows of the others would) but keep their KV, one handle per
+        row; the handle's KV lives until the handle is dropped (KVHandle.release or garbage collection)."""
+
+    def kv_ref(self, row: int):
+        """A handle to a running row's KV, valid until the row changes (copy from it at once)."""
+
+    def load_prefixes(self, prefixes: list) -> None:
+        """On a fresh fork: row b starts from the first n tokens of handle's KV, for each (handle, n) (None: empty)."""
+
+
+def caches_prefixes(backend) -> bool:
+    return all(callable(getattr(backend, name, None)) for name in ("park", "kv_ref", "load_prefixes", "free_rows"))
+
+
+def reusable_prefix(backend, length: int, matched: int, budget: int | None) -> int:
+    """How many of the first `matched` cached tokens a prompt of `length` tokens may take from a copy, so that the
+    rest is prefilled exactly as a cold prefill would (budget: prompt tokens per prefill forward, None = all).
+    A backend whose forwards do not depend on their size takes all but the last token, whose logits are needed."""
+    own = getattr(backend, "reusable_prefix", None)
+    if own is not None:
+        return own(length, matched, budget)
+    return max(0, min(matched, length - 1))
+
+
 def max_rows(backend) -> int | None:
     return getattr(backend, "max_rows", None)
 

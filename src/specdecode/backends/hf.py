@@ -151,6 +151,51 @@ class HFBackend:
             self.mask = self.mask[index]
             self._drop_trailing_holes()
 
+    # ------------------------------------------------------------------ prefix caching (prefix_cache.py)
+    def free_rows(self) -> int:
+        return 1 << 30  # no fixed number of rows: a parked prefix is a tensor copy of its own
+
+    def park(self, rows: list[int]) -> list["_RowKV"]:
+        """Drop these rows from the batch, keeping a copy of their KV for the prefix cache."""
+        handles = [self.kv_ref(r) for r in rows]
+        gone = set(rows)
+        self.select_rows([r for r in range(len(self._lengths)) if r not in gone])
+        return handles
+
+    def kv_ref(self, row: int) -> "_RowKV":
+        """A copy of a row's real slots, layer by layer ([heads, tokens, dim])."""
+        real = self.mask[row] if self.mask is not None else None
+        keys, values = [], []
+        for layer in self.cache.layers if self._lengths[row] else []:
+            k, v = layer.keys[row], layer.values[row]
+            keys.append((k[:, real] if real is not None else k).clone())
+            values.append((v[:, real] if real is not None else v).clone())
+        return _RowKV(keys, values, self._lengths[row])
+
+    def load_prefixes(self, prefixes: list) -> None:
+        """On a fresh fork: row b starts from the first n cached tokens of its handle (right-aligned, holes before)."""
+        if any(self._lengths):
+            raise ValueError("load_prefixes needs a fresh fork")
+        counts = [item[1] if item is not None else 0 for item in prefixes]
+        if not any(counts):
+            return
+        width = max(counts)
+        first = next(h for h in prefixes if h is not None)[0]
+        for layer_index, (k0, v0) in enumerate(zip(first.keys, first.values)):
+            keys = k0.new_zeros(len(prefixes), k0.shape[0], width, k0.shape[2])
+            values = v0.new_zeros(len(prefixes), v0.shape[0], width, v0.shape[2])
+            for b, item in enumerate(prefixes):
+                if item is not None:
+                    handle, n = item
+                    keys[b, :, width - n:] = handle.keys[layer_index][:, :n]
+                    values[b, :, width - n:] = handle.values[layer_index][:, :n]
+            self.cache.update(keys, values, layer_index)
+        slots = torch.arange(width, device=self.device)
+        self.mask = slots.unsqueeze(0) >= width - torch.tensor(counts, device=self.device).unsqueeze(1)
+        self._lengths, self._slots = counts, width
+        if bool(self.mask.all()):
+            self.mask = None
+
     def _compact(self) -> None:
         """Gather each row's real slots to the right end, so that no hole sits inside an attention window."""
         mask = self.mask
@@ -179,6 +224,13 @@ class HFBackend:
             if self.mask is not None:
                 self.mask = self.mask[:, :slots]
             self._slots = slots
+
+
+class _RowKV:
+    """One row's cached keys and values, per layer [heads, tokens, dim]."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], length: int):
+        self.keys, self.values, self.length = keys, values, length
 
 
 def _eos_ids(model) -> set[int]:

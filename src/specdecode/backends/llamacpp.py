@@ -35,6 +35,11 @@ from . import register_backend
 INSTALL_HINT = ('the llama.cpp backend needs llama-cpp-python: pip install -e ".[llamacpp]" '
                 '(builds from source: needs cmake and a C++ compiler, ~10 min)')
 EXACT_TOKENS_PER_FORWARD = 3  # below the 4 tokens at which llama.cpp switches to its repacked matrix kernel
+# A prefill forward's numbers depend on its size in two ways (llama.cpp of llama-cpp-python 0.3.36, CPU): flash
+# attention takes its tiled kernel from GGML_FA_TILE_Q = 64 tokens on, and repacked matrix products take rows 4
+# at a time (the remainder through gemv). A cached prefix is reused in multiples of 64 tokens, and only where the
+# rest of the prompt then meets the same kernels as in a cold prefill (reusable_prefix).
+FA_TILE = 64
 _BACKEND_READY = False
 
 
@@ -113,6 +118,9 @@ class _Context:
             self.owners[s] = weakref.ref(owner)
         return free[:n]
 
+    def free(self) -> int:
+        return sum(1 for s in range(self.n_seq) if s not in self.owners or self.owners[s]() is None)
+
     def release(self, seqs: list[int]) -> None:
         for s in seqs:
             self.lib.llama_memory_seq_rm(self.memory, s, -1, -1)
@@ -134,6 +142,21 @@ class _Context:
         """A numpy view of llama.cpp's output buffer: n rows, in the order of the batch's flagged tokens."""
         pointer = ctypes.cast(getter(self.ctx), ctypes.POINTER(ctypes.c_float))
         return np.ctypeslib.as_array(pointer, shape=(n, width))
+
+
+class _ParkedSequence:
+    """A finished row's sequence kept for the prefix cache; its KV is freed for reuse once this is dropped."""
+
+    def __init__(self, shared: _Context, seq: int, length: int):
+        self.seq, self.length = seq, length
+        shared.owners[seq] = weakref.ref(self)
+
+
+class _RunningSequence:
+    """A running row's sequence, to copy a prefix from at once (owned by its backend)."""
+
+    def __init__(self, seq: int, length: int):
+        self.seq, self.length = seq, length
 
 
 class LlamaCppBackend:
@@ -236,7 +259,7 @@ class LlamaCppBackend:
         if output_hidden:
             lib.llama_set_embeddings(shared.ctx, True)
         try:
-            for part in self._chunks(rows, last_only):
+            for part in self._chunks(rows, pos, last_only):
                 shared.decode(tokens[part], pos[part], seq[part], outputs[part])
                 for b, n in zip(*np.unique(rows[part], return_counts=True)):
                     self._lengths[b] += int(n)
@@ -272,6 +295,60 @@ class LlamaCppBackend:
         self._seqs = [self._seqs[r] for r in rows]
         self._lengths = [self._lengths[r] for r in rows]
 
+    # ------------------------------------------------------------------ prefix caching (prefix_cache.py)
+    def free_rows(self) -> int:
+        return self._shared.free()
+
+    def park(self, rows: list[int]) -> list[_ParkedSequence]:
+        """Drop these rows from the batch, keeping their sequences (and KV) as handles for the prefix cache."""
+        handles = [_ParkedSequence(self._shared, self._seqs[r], self._lengths[r]) for r in rows]
+        gone = set(rows)
+        keep = [r for r in range(len(self._seqs)) if r not in gone]
+        self._seqs = [self._seqs[r] for r in keep]
+        self._lengths = [self._lengths[r] for r in keep]
+        return handles
+
+    def kv_ref(self, row: int) -> _RunningSequence:
+        return _RunningSequence(self._seqs[row], self._lengths[row])
+
+    def load_prefixes(self, prefixes: list) -> None:
+        """Row b starts from the first n tokens of a handle's sequence: a copy of the whole KV stream (llama.cpp
+        copies across streams whole, at its next decode), then everything from n on is removed."""
+        lib, memory = self._shared.lib, self._shared.memory
+        for b, item in enumerate(prefixes):
+            if item is None:
+                continue
+            handle, n = item
+            if self._lengths[b] or not 0 < n <= handle.length:
+                raise ValueError(f"row {b} cannot take {n} cached tokens (it holds {self._lengths[b]}, the cache "
+                                 f"{handle.length})")
+            lib.llama_memory_seq_cp(memory, handle.seq, self._seqs[b], -1, -1)
+            lib.llama_memory_seq_rm(memory, self._seqs[b], n, -1)
+            self._lengths[b] = n
+
+    def reusable_prefix(self, length: int, matched: int, budget: int | None) -> int:
+        """The longest cached prefix (a multiple of FA_TILE, at most `matched`, leaving at least the last token)
+        after which a single row's prefill runs its last forward through the same kernels as a cold prefill: the
+        same last forward, or both last forwards of at least FA_TILE tokens (every other forward holds a multiple
+        of FA_TILE tokens: the tiled kernel, whole groups of 4 rows). budget: tokens per prefill forward."""
+        if budget is not None and budget % FA_TILE:
+            return 0
+        cold = self._last_forward_start(0, length, budget)
+        for start in range(min(matched, length - 1) // FA_TILE * FA_TILE, 0, -FA_TILE):
+            warm = self._last_forward_start(start, length, budget)
+            if warm == cold or (length - warm >= FA_TILE and length - cold >= FA_TILE):
+                return start
+        return 0
+
+    def _last_forward_start(self, start: int, length: int, budget: int | None) -> int:
+        """Where the last prefill forward of positions [start, length) begins: forwards are cut every `budget`
+        tokens from start (the session's prefill chunks) and at multiples of n_batch (this backend's, _chunks)."""
+        n_batch = self._shared.n_batch
+        cuts = [start, (length - 1) // n_batch * n_batch]
+        if budget:
+            cuts.append(start + (length - 1 - start) // budget * budget)
+        return max(c for c in cuts if c < length)
+
     def close(self) -> None:
         """Forget this backend's rows; llama.cpp's model and context are freed with the last backend using them
         (a Llama passed in is left to its owner)."""
@@ -303,14 +380,21 @@ class LlamaCppBackend:
             return rows, tokens, pos, rank == counts[rows] - 1, rows
         return rows, tokens, pos, np.ones(len(tokens), dtype=bool), rows * width + cols
 
-    def _chunks(self, rows: np.ndarray, last_only: bool) -> list[slice]:
+    def _chunks(self, rows: np.ndarray, pos: np.ndarray, last_only: bool) -> list[slice]:
         """The llama_decode calls, as slices of the row-major tokens: n_batch tokens at a time; in the exact mode
-        one row at a time, and a verification (all positions wanted) by max_tokens_per_forward tokens."""
+        one row at a time, and a verification (all positions wanted) by max_tokens_per_forward tokens. A prefill
+        (last_only) is also cut where a row reaches a multiple of n_batch, as a cold prefill from position 0 is
+        (llama-cpp-python's own chunks), so a row that starts from a cached prefix runs the same forwards as a
+        cold one from its next multiple of n_batch on."""
         n_batch = self._shared.n_batch
-        if self.max_tokens_per_forward is None:
-            return [slice(s, s + n_batch) for s in range(0, len(rows), n_batch)]
-        step = n_batch if last_only else min(n_batch, self.max_tokens_per_forward)
-        starts = np.flatnonzero(np.diff(rows, prepend=-1))
+        cuts = {0}
+        if self.max_tokens_per_forward is not None:
+            cuts.update(np.flatnonzero(np.diff(rows, prepend=-1)).tolist())
+        if last_only:
+            cuts.update(np.flatnonzero((pos % n_batch == 0) & (pos > 0)).tolist())
+        step = n_batch if last_only or self.max_tokens_per_forward is None else min(
+            n_batch, self.max_tokens_per_forward)
+        starts = sorted(c for c in cuts if c < len(rows))
         return [slice(s, min(s + step, end)) for start, end in zip(starts, [*starts[1:], len(rows)])
                 for s in range(start, end, step)]
 

@@ -1,0 +1,133 @@
+"""Prompt prefixes whose KV a model already holds, reused instead of prefilled again.
+
+A chat re-sends its whole history every turn, and many requests share a system prompt. When a row finishes, its
+KV (prompt and answer) is parked in the cache instead of forgotten; a new row whose prompt starts with the same
+tokens (a parked row's, or a running row's) starts from a copy of that KV and prefills only the rest
+(llama.cpp: llama_memory_seq_cp from the parked sequence; transformers: a copy of the cache slices).
+
+The output is the same as a cold prefill's, bit for bit: the backend says how long a reused prefix may be so
+that what is left runs through exactly the forwards a cold prefill would (`reusable_prefix`; on llama.cpp the
+size of a forward changes its numbers). Entries are evicted least recently used, under a token budget and the
+backend's spare rows (llama.cpp sequences).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .backends.base import caches_prefixes, reusable_prefix
+
+MIN_REUSE = 16  # shorter matches are not worth a copy
+
+
+@dataclass(eq=False)  # entries are compared by identity (their tokens are arrays)
+class _Entry:
+    tokens: np.ndarray  # what the parked KV holds, in order
+    handle: object  # the backend's handle to it (dropping the handle frees the KV)
+    used: int  # clock of the last hit or insertion
+
+
+@dataclass
+class PrefixCacheStats:
+    lookups: int = 0
+    hits: int = 0
+    hit_tokens: int = 0  # prompt tokens taken from the cache instead of prefilled
+    prompt_tokens: int = 0  # prompt tokens looked up
+    evictions: int = 0
+    inserted: int = 0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__, hit_rate=self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0)
+
+
+@dataclass
+class PrefixCache:
+    """Parked KV of finished rows for one backend, LRU under max_tokens (tokens held) and the backend's free rows."""
+
+    max_tokens: int = 1 << 16
+    entries: list[_Entry] = field(default_factory=list)
+    stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    _clock: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(e.tokens) for e in self.entries)
+
+    def usable(self, backend) -> bool:
+        return self.max_tokens > 0 and caches_prefixes(backend)
+
+    def make_room(self, backend, rows: int, keep: list) -> bool:
+        """Evict until the backend can fork `rows` new rows (parked entries hold its spare rows), entries whose
+        handle is in `keep` last; False if those had to go too (their hits are then void)."""
+        kept = [e for e in self.entries if any(e.handle is h for h in keep)]
+        others = [e for e in self.entries if not any(e.handle is h for h in keep)]
+        while others and backend.free_rows() < rows:
+            self._evict(others)
+        if backend.free_rows() >= rows:
+            return True
+        while kept and backend.free_rows() < rows:
+            self._evict(kept)
+        return False
+
+    def lookup(self, backend, prompt: list[int], running: list[tuple[list[int], int]], budget: int | None):
+        """(handle, n): the longest reusable prefix of prompt among the entries and the running rows (their tokens
+        and how many of them the backend holds), or None. Called just before the copy: a running row's handle is
+        valid only until it changes."""
+        want = np.asarray(prompt, dtype=np.int64)
+        best, best_n = None, 0
+        for entry in self.entries:
+            n = _common_prefix(entry.tokens, want)
+            if n > best_n:
+                best, best_n = entry, n
+        best_row = None
+        for b, (tokens, held) in enumerate(running):
+            n = _common_prefix(np.asarray(tokens[:held], dtype=np.int64), want)
+            if n > best_n:
+                best, best_n, best_row = None, n, b
+        n = reusable_prefix(backend, len(prompt), best_n, budget)
+        if n < MIN_REUSE:
+            return None
+        self._clock += 1
+        if best is not None:
+            best.used = self._clock
+            return best.handle, n
+        return backend.kv_ref(best_row), n
+
+    def record(self, prompt_tokens: int, hit_tokens: int) -> None:
+        self.stats.lookups += 1
+        self.stats.prompt_tokens += prompt_tokens
+        self.stats.hits += hit_tokens > 0
+        self.stats.hit_tokens += hit_tokens
+
+    def insert(self, tokens: list[int], handle) -> None:
+        """Park a finished row's KV (tokens: what it holds). An entry that the new one extends is dropped."""
+        if len(tokens) < MIN_REUSE or len(tokens) > self.max_tokens:
+            return
+        new = np.asarray(tokens, dtype=np.int64)
+        self.entries = [e for e in self.entries if _common_prefix(e.tokens, new) < len(e.tokens)]
+        self._clock += 1
+        self.entries.append(_Entry(new, handle, self._clock))
+        self.stats.inserted += 1
+        while self.tokens > self.max_tokens:
+            self._evict()
+
+    def clear(self) -> None:
+        self.entries = []
+
+    def _evict(self, among: list[_Entry] | None = None) -> None:
+        among = self.entries if among is None else among
+        oldest = min(among, key=lambda e: e.used)
+        among.remove(oldest)
+        if among is not self.entries:
+            self.entries.remove(oldest)
+        self.stats.evictions += 1  # the handle went with the entry: the backend frees that KV
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n

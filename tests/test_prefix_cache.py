@@ -1,0 +1,214 @@
+"""The prefix cache: a prompt that starts with tokens whose KV is held (a finished or a running row's) prefills only
+the rest, and gets exactly what a cold prefill gives: the same tokens and the same log-probabilities, bit for bit,
+on llama.cpp (a real GGUF, where the size of a forward changes the numbers) and on transformers; eviction under
+the token budget and the backend's spare rows; rows sharing a cached prefix; cancellation; the on/off switch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdecode import AutoregressiveGenerator, PromptLookupDrafter, SpeculativeGenerator
+from specdecode.prefix_cache import MIN_REUSE, PrefixCache
+
+RNG = np.random.default_rng(0)
+
+
+def _tokens(n: int, vocab: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(3, vocab, size=n).tolist()
+
+
+def _run(gen, prompts, budget=None, max_new_tokens=8, **options):
+    """Rows joining one after another (each a request of its own, as a server's), run to the end."""
+    options.setdefault("temperature", 0.0)
+    session = gen.session(prefill_tokens_per_step=budget)
+    for p in prompts:
+        session.add(gen.request(p, max_new_tokens=max_new_tokens, logprobs=2, **options))
+        while session.queued:
+            session.step()
+    while not session.idle:
+        session.step()
+    return session.result()
+
+
+def _assert_same(warm, cold):
+    assert warm.token_ids == cold.token_ids
+    assert warm.logprobs == cold.logprobs  # bit for bit: the same forwards computed the same numbers
+    assert warm.top_logprobs == cold.top_logprobs
+
+
+# ---------------------------------------------------------------------------------------------- llama.cpp
+@pytest.fixture(scope="module")
+def smol_path():
+    pytest.importorskip("llama_cpp")
+    from specdecode.models import registry
+
+    info = registry.get_model_info("smollm2-135m-instruct")
+    if not info.installed:
+        pytest.skip(f"needs the SmolLM2 GGUF package: {info.pip_command}")
+    return registry.part_path(info.parts[0], info)
+
+
+def _llama(path, rows=1, cache=0, draft=None, k=0):
+    from specdecode.backends.llamacpp import LlamaCppBackend
+
+    target = LlamaCppBackend(path, n_ctx=2048, max_rows=rows, n_threads=1)
+    gen = SpeculativeGenerator(target, draft, num_speculative_tokens=k) if draft is not None else \
+        AutoregressiveGenerator(target)
+    gen.set_prefix_cache(cache)
+    return gen
+
+
+@pytest.mark.parametrize("budget", [None, 256])
+@pytest.mark.parametrize("length", [90, 300, 530, 700, 1100])
+def test_llamacpp_cached_prefix_gives_the_cold_prefills_numbers(smol_path, length, budget):
+    system = _tokens(length, 49000, seed=length)
+    question = system + _tokens(int(RNG.integers(5, 90)), 49000, seed=length + 1)
+    warm, cold = _llama(smol_path, rows=2, cache=100_000), _llama(smol_path)
+    first = _run(warm, [system], budget)
+    second = _run(warm, [question], budget)
+    assert first.row_stats[0].cached_tokens == 0
+    cached = second.row_stats[0].cached_tokens
+    assert cached >= min(length, len(question) - 64) - 64 - 1 and cached % 64 == 0
+    _assert_same(second, _run(cold, [question], budget))
+    _assert_same(first, _run(cold, [system], budget))
+
+
+def test_llamacpp_reusable_prefix_keeps_the_cold_runs_last_forward(smol_path):
+    backend = _llama(smol_path).target
+    n_batch = backend._shared.n_batch
+    assert backend.reusable_prefix(930, 900, 256) == 832  # last forwards [768, 930) and [832, 930): both tiled
+    assert backend.reusable_prefix(520, 519, None) == 512  # cold ends with [512, 520): only that forward again
+    assert backend.reusable_prefix(700, 699, None) == 576  # [512, 700) cold; [576, 700) warm (>= 64 tokens)
+    assert backend.reusable_prefix(700, 100, None) == 64
+    assert backend.reusable_prefix(60, 59, None) == 0  # no whole block before the last token
+    assert backend.reusable_prefix(700, 699, 100) == 0  # a budget off the 64-token grid: no exact reuse
+    assert n_batch == 512
+
+
+def test_llamacpp_sampled_rows_and_a_draft_stay_the_same_with_the_cache(smol_path):
+    system = _tokens(400, 49000, seed=3)
+    question = system + _tokens(20, 49000, seed=4)
+    options = dict(temperature=0.9, seed=11)
+    warm = _llama(smol_path, rows=3, cache=100_000, draft=PromptLookupDrafter(), k=3)
+    cold = _llama(smol_path, rows=2, draft=PromptLookupDrafter(), k=3)
+    _run(warm, [system], **options)
+    second = _run(warm, [question], max_new_tokens=24, **options)
+    assert second.row_stats[0].cached_tokens >= 320
+    _assert_same(second, _run(cold, [question], max_new_tokens=24, **options))
+
+
+def test_llamacpp_rows_share_a_running_rows_prefix_and_parked_ones(smol_path):
+    system = _tokens(300, 49000, seed=5)
+    prompts = [system + _tokens(10 + i, 49000, seed=10 + i) for i in range(3)]
+    warm, cold = _llama(smol_path, rows=4, cache=100_000), _llama(smol_path, rows=1)
+    session = warm.session()
+    rows = []
+    for p in prompts:  # each joins while the ones before it are still decoding
+        rows.append(session.add(warm.request(p, max_new_tokens=30, temperature=0, logprobs=1)))
+        session.step()
+    while not session.idle:
+        session.step()
+    result = session.result(rows)
+    assert result.row_stats[0].cached_tokens == 0
+    assert [s.cached_tokens for s in result.row_stats[1:]] == [192, 192]  # copied from a running row (310 tokens: the last forward keeps >= 64)
+    for i, p in enumerate(prompts):
+        alone = _run(cold, [p], max_new_tokens=30, temperature=0)
+        assert result.token_ids[i] == alone.token_ids[0] and result.logprobs[i] == alone.logprobs[0]
+
+
+def test_llamacpp_eviction_frees_sequences_and_respects_the_budget(smol_path):
+    gen = _llama(smol_path, rows=3, cache=700)  # one running row, two spare sequences
+    a, b, c = (_tokens(300, 49000, seed=s) for s in (20, 21, 22))
+    _run(gen, [a])
+    _run(gen, [b])
+    cache = gen.prefix_cache
+    assert len(cache.entries) == 2 and cache.tokens == 614  # prompt and answer but its last token (never fed)
+    _run(gen, [c])  # no spare sequence left for a third row, and 924 tokens > 700: the oldest goes
+    assert len(cache.entries) == 2 and cache.stats.evictions == 1 and cache.tokens <= 700
+    assert _run(gen, [a + [5] * 70]).row_stats[0].cached_tokens == 0  # evicted
+    assert _run(gen, [c + [5] * 70]).row_stats[0].cached_tokens == 256
+    one = _llama(smol_path, rows=1, cache=100_000)  # no spare sequence: a hit has to give way to the new row
+    _run(one, [a])
+    assert _run(one, [a + [5] * 70]).row_stats[0].cached_tokens == 0
+    small = _llama(smol_path, rows=2, cache=200)
+    _run(small, [a])
+    assert small.prefix_cache.tokens == 0  # longer than the whole budget: not kept
+
+
+def test_llamacpp_cancelled_rows_leave_the_cache_usable(smol_path):
+    gen, cold = _llama(smol_path, rows=3, cache=100_000), _llama(smol_path)
+    system = _tokens(600, 49000, seed=30)
+    _run(gen, [system])
+    session = gen.session(prefill_tokens_per_step=128)  # the copy happens, then the prefill takes steps
+    row = session.add(gen.request(system + [7, 8, 9], max_new_tokens=8, temperature=0))
+    session.step()
+    session.cancel(row)
+    while not session.idle:
+        session.step()
+    assert session.result([row]).finish_reasons == ["cancelled"]
+    question = system + [10, 11]
+    _assert_same(_run(gen, [question], temperature=0), _run(cold, [question], temperature=0))
+
+
+# ---------------------------------------------------------------------------------------------- transformers
+def test_transformers_cached_prefix_equals_a_cold_prefill(tiny_pair):
+    target, _ = tiny_pair
+    vocab = target.config.vocab_size
+    warm, cold = AutoregressiveGenerator(target), AutoregressiveGenerator(target)
+    warm.set_prefix_cache(10_000)
+    system = _tokens(120, vocab, seed=40)
+    questions = [system + _tokens(9, vocab, seed=41), system[:80] + _tokens(30, vocab, seed=42)]
+    _run(warm, [system], temperature=0)
+    for q in questions:
+        got = _run(warm, [q], temperature=0.8, seed=3)
+        assert got.row_stats[0].cached_tokens >= 80
+        want = _run(cold, [q], temperature=0.8, seed=3)
+        assert got.token_ids == want.token_ids
+        assert np.allclose(got.logprobs[0], want.logprobs[0], atol=1e-5)
+
+
+def test_transformers_batch_with_and_without_hits(tiny_pair):
+    target, draft = tiny_pair
+    vocab = target.config.vocab_size
+    warm = SpeculativeGenerator(target, draft, num_speculative_tokens=3, prefix_cache_tokens=10_000)
+    cold = SpeculativeGenerator(target, draft, num_speculative_tokens=3)
+    system = _tokens(64, vocab, seed=50)
+    warm.generate([system], max_new_tokens=4, temperature=0)
+    prompts = [system + [5, 6], _tokens(20, vocab, seed=51), system[:40] + [9] * 5]
+    got = warm.generate(prompts, max_new_tokens=12, temperature=0)
+    assert [s.cached_tokens for s in got.row_stats] == [64, 0, 40]
+    assert got.stats.cached_prompt_tokens == 104
+    assert got.token_ids == cold.generate(prompts, max_new_tokens=12, temperature=0).token_ids
+
+
+def test_the_switch_and_bad_values(tiny_pair):
+    target, _ = tiny_pair
+    gen = AutoregressiveGenerator(target)
+    assert gen.prefix_cache is None  # off unless asked for
+    system = _tokens(50, target.config.vocab_size, seed=60)
+    gen.generate([system], max_new_tokens=2)
+    assert gen.generate([system + [3]], max_new_tokens=2).row_stats[0].cached_tokens == 0
+    with pytest.raises(ValueError, match="prefix_cache_tokens"):
+        SpeculativeGenerator(target, None, prefix_cache_tokens=-1)
+
+
+def test_index_matches_the_longest_prefix_and_drops_what_a_new_entry_extends():
+    class Backend:  # forwards of any size give the same numbers: any prefix but the last token is reusable
+        def free_rows(self):
+            return 10
+
+        park = load_prefixes = kv_ref = free_rows
+
+    cache, backend = PrefixCache(max_tokens=100), Backend()
+    cache.insert(list(range(30)), "a")
+    cache.insert(list(range(40)), "b")  # extends "a": "a" goes
+    cache.insert([1] * 20, "c")
+    assert [e.handle for e in cache.entries] == ["b", "c"]
+    assert cache.lookup(backend, list(range(35)) + [99], [], None) == ("b", 35)
+    assert cache.lookup(backend, list(range(MIN_REUSE - 2)) + [99], [], None) is None  # too short to pay
+    assert cache.lookup(backend, [1] * 25, [], None) == ("c", 20)
+    cache.insert([2] * 50, "d")  # 40 + 20 + 50 > 100: the least recently used goes
+    assert [e.handle for e in cache.entries] == ["c", "d"] and cache.stats.evictions == 1
+    cache.record(36, 35)
+    assert cache.stats.to_dict()["hit_rate"] == 35 / 36
