@@ -30,6 +30,12 @@ def serve(
     static_batching: bool = typer.Option(False, "--static-batching", help="Admit new requests only when the "
                                          "running batch has finished (static batching, what continuous batching "
                                          "replaced): for before/after comparisons with `bench serve`."),
+    prefix_cache_tokens: int = typer.Option(65536, "--prefix-cache-tokens", help="Keep the KV of finished "
+                                            "requests, up to this many tokens, and prefill only what is new of a "
+                                            "prompt that starts the same (a chat's history, a shared system "
+                                            "prompt); exact: the same output as a cold prefill (0: off)."),
+    prefix_cache_rows: int = typer.Option(4, "--prefix-cache-rows", help="llama.cpp: sequences beside "
+                                          "--max-batch-size that hold cached prefixes (each a KV stream of n_ctx)."),
     max_tokens_limit: int = typer.Option(2048, "--max-tokens-limit", help="Largest max_tokens a request may ask."),
     request_timeout: float = typer.Option(120.0, "--request-timeout", help="Seconds a request may take, queue "
                                           "included, before it is cancelled and answered 504."),
@@ -68,11 +74,12 @@ def serve(
                                   max_tokens_limit=max_tokens_limit, request_timeout=request_timeout,
                                   api_key=api_key, served_model_names=tuple(served_model_name or ()),
                                   draft_name=_display_name(opts.draft) if opts.has_draft else None,
-                                  prefill_tokens_per_step=prefill_tokens_per_step, static_batching=static_batching)
+                                  prefill_tokens_per_step=prefill_tokens_per_step, static_batching=static_batching,
+                                  prefix_cache_tokens=prefix_cache_tokens, prefix_cache_rows=prefix_cache_rows)
         if ray:
             _serve_with_ray(opts, settings, host, port, ray_address, ray_num_cpus, replicas, autoscale)
             return
-        target_model, draft_model = load_pair(opts, announce=True, rows=settings.max_batch_size)
+        target_model, draft_model = load_pair(opts, announce=True, rows=settings.model_rows)
         if target_model.tokenizer is None:
             raise CLIError(f"{opts.target} has no tokenizer: the server takes text and returns text")
         generator = make_generator(target_model, draft_model, opts.num_speculative_tokens, opts.method)

@@ -63,6 +63,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
         raise ValueError("the server needs a tokenizer (text in, text out): load the model with its tokenizer")
     served = ServedModel.of(generator, served_names(model_name, settings.served_model_names), tokenizer,
                             settings.draft_name)
+    generator.set_prefix_cache(settings.prefix_cache_tokens)
     metrics = ServerMetrics()
     batcher = Batcher(generator, max_batch_size=settings.max_batch_size, max_queue=settings.max_queue,
                       prefill_tokens_per_step=settings.prefill_tokens_per_step, metrics=metrics,
@@ -71,6 +72,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
     metrics.running.set_function(lambda: batcher.running)
     metrics.running_rows.set_function(lambda: batcher.running_rows)
     metrics.watch_policy(lambda: getattr(generator, "policy", None))  # every session uses the generator's policy
+    metrics.watch_prefix_cache(lambda: generator.prefix_cache)
     runner = JobRunner(batcher, metrics, settings)
     token_texts = TokenTexts(tokenizer)
 

@@ -399,5 +399,7 @@ def _job_stats(job: Job, result: GenerationResult, session: Stats, now: float) -
                  proposed_tokens=sum(r.proposed_tokens for r in rows),
                  accepted_tokens=sum(r.accepted_tokens for r in rows), forced_tokens=sum(r.forced_tokens for r in rows),
                  verification_steps=sum(r.verification_steps for r in rows),
+                 cached_prompt_tokens=sum(rows[i * job.n].cached_tokens for i in range(len(job.prompts))
+                                          if i * job.n < len(rows)),
                  target_forward_calls=session.target_forward_calls - job.first_call, wall_time_s=now - job.joined,
                  num_rows_with_first_token=sum(1 for tokens in result.token_ids if tokens))

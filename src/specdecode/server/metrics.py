@@ -102,6 +102,20 @@ class ServerMetrics:
         """Export the speculation policy's figures (policy_of() returns the policy, or None), read at each scrape."""
         self.registry.register(PolicyCollector(policy_of))
 
+    def watch_prefix_cache(self, cache_of) -> None:
+        """Export the prefix cache's counters (cache_of() returns it, or None when it is off)."""
+        def figure(name):
+            return lambda: (lambda c: c.stats.to_dict()[name] if c is not None else 0)(cache_of())
+
+        for name, doc in (("hit_tokens", "Prompt tokens whose KV came from the prefix cache."),
+                          ("prompt_tokens", "Prompt tokens looked up in the prefix cache."),
+                          ("hit_rate", "Cached prompt tokens / prompt tokens looked up."),
+                          ("hits", "Prompts that took a prefix from the cache."),
+                          ("evictions", "Cached prefixes evicted (token budget or spare rows).")):
+            Gauge(f"specdecode_prefix_cache_{name}", doc, registry=self.registry).set_function(figure(name))
+        Gauge("specdecode_prefix_cache_tokens", "Tokens of KV the prefix cache holds.",
+              registry=self.registry).set_function(lambda: cache_of().tokens if cache_of() is not None else 0)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

@@ -43,7 +43,7 @@ class SpecdecodeReplica:
         if opts.threads:
             torch.set_num_threads(opts.threads)
         settings = ServerSettings(**config["settings"])
-        target, draft = load_pair(opts, rows=settings.max_batch_size)
+        target, draft = load_pair(opts, rows=settings.model_rows)
         if target.tokenizer is None:
             raise ValueError(f"{opts.target} has no tokenizer: the server takes text and returns text")
         generator = make_generator(target, draft, opts.num_speculative_tokens, opts.method)

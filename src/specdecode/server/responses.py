@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from .batcher import Done
 from .logprobs import CompletionLogprobBuilder, TokenTexts, chat_logprobs
 from .schemas import (ChatChoice, ChatCompletionResponse, ChatResponseMessage, CompletionChoice, CompletionResponse,
-                      PredictResponse, SpeculativeStats, Usage)
+                      PredictResponse, PromptTokensDetails, SpeculativeStats, Usage)
 
 
 def finish_reason(reason: str | None) -> str:
@@ -42,7 +42,8 @@ def usage(done: Done) -> Usage:
     """Prompt tokens once per prompt (however many choices it has), completion tokens summed over the choices."""
     prompt = sum(done.prompt_tokens)
     completion = sum(len(t) for t in done.token_ids)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=done.stats.cached_prompt_tokens))
 
 
 def speculative(done: Done, draft_name: str | None) -> SpeculativeStats:

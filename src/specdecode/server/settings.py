@@ -32,12 +32,16 @@ class ServerSettings:
     default_predict_tokens: int = 64
     shutdown_grace_s: float = 30.0  # in-flight batch: finish for this long, then cancel
     retry_after_s: int = 1
+    prefix_cache_tokens: int = 65536  # KV of finished requests kept for prompts that start the same (0: off)
+    prefix_cache_rows: int = 4  # llama.cpp: spare sequences that hold cached prefixes, beside max_batch_size
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_queue", "max_tokens_limit", "max_prompt_chars", "default_predict_tokens"):
             _integer(name, getattr(self, name), 1)
         _integer("max_speculative_tokens", self.max_speculative_tokens, 1, MAX_K)
         _integer("retry_after_s", self.retry_after_s, 0)
+        _integer("prefix_cache_tokens", self.prefix_cache_tokens, 0)
+        _integer("prefix_cache_rows", self.prefix_cache_rows, 0)
         if self.prefill_tokens_per_step is not None:
             _integer("prefill_tokens_per_step", self.prefill_tokens_per_step, 0)
             self.prefill_tokens_per_step = self.prefill_tokens_per_step or None  # 0: whole prompts at once
@@ -50,6 +54,12 @@ class ServerSettings:
         if any(not isinstance(n, str) or not n.strip() for n in self.served_model_names):
             raise OptionError("served_model_names", f"served model names must be non-empty strings, got "
                                                     f"{list(self.served_model_names)!r}")
+
+
+    @property
+    def model_rows(self) -> int:
+        """Rows the models' caches are built for: the batch, and the cached prefixes' spare rows."""
+        return self.max_batch_size + (self.prefix_cache_rows if self.prefix_cache_tokens else 0)
 
 
 def _integer(name: str, value, low: int, high: int | None = None) -> None:
