@@ -103,8 +103,8 @@ def test_advise_json_is_consistent(tiny_model_dirs):
     verify = {int(n): v for n, v in report["costs"]["v"].items()}
     assert sorted(verify) == [1, 2, 3, 4, 5] and verify[1] == 1.0
     assert report["costs"]["verify_ms"]["5"] / report["costs"]["target_step_ms"] == pytest.approx(verify[5])
-    assert [d["name"] for d in report["drafters"]] == ["model", "prompt-lookup"]
-    assert report["skipped"]["suffix"]  # not in this install: said, not hidden
+    assert [d["name"] for d in report["drafters"]] == ["model", "prompt-lookup", "suffix"]
+    assert "suffix" not in report["skipped"]
     assert report["plain"]["decode_tokens_per_second"] > 0
     for drafter in report["drafters"]:
         steps = drafter["steps"]
@@ -127,12 +127,13 @@ def test_advise_json_is_consistent(tiny_model_dirs):
             whole = (plain["prefill_time_s"] + plain["decode_time_s"]) / \
                 (plain["prefill_time_s"] + plain["decode_time_s"] / row["speedup_at_length"])
             assert row["expected_end_to_end_speedup"] == pytest.approx(whole)
-    model, lookup = report["drafters"]
+    model, lookup, suffix = report["drafters"]
     draft = report["costs"]["draft"]
     assert (model["draft_step_cost"], model["draft_pair_cost"], model["draft_prefill_cost"]) == \
         (draft["step"], draft["pair"], draft["prefill"]) and draft["step"] > 0 and draft["prefill"] > 0
     assert draft["step"] == pytest.approx(draft["step_ms"] / report["costs"]["target_step_ms"])
-    assert (lookup["draft_step_cost"], lookup["draft_pair_cost"], lookup["draft_prefill_cost"]) == (0, 0, 0)
+    for free in (lookup, suffix):
+        assert (free["draft_step_cost"], free["draft_pair_cost"], free["draft_prefill_cost"]) == (0, 0, 0)
     assert model["proposal"][0] > 0.8  # a draft model drafts every step but a row's last
     roof = max((k + 1) / verify[k + 1] for k in range(5))
     assert report["roofline"]["speedup"] == pytest.approx(roof)

@@ -11,7 +11,8 @@ _EXPORTS = {
     "SpeculativeGenerator": "engine", "AutoregressiveGenerator": "engine", "TokenStream": "engine",
     "GenerationResult": "results", "Stats": "results", "RowStats": "results", "TokenEvent": "results",
     "SamplingParams": "sampling", "VocabularyMismatchError": "vocab",
-    "ModelDrafter": "drafters", "PromptLookupDrafter": "drafters",
+    "ModelDrafter": "drafters", "PromptLookupDrafter": "drafters", "SuffixDrafter": "drafters",
+    "SuffixHistory": "drafters",
     "load_model": "models.loading", "LoadedModel": "models.loading",
 }
 __all__ = [*_EXPORTS, "__version__"]

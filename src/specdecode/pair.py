@@ -19,6 +19,12 @@ from .speculation import AUTO, Speculation
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 PROMPT_LOOKUP = "prompt-lookup"  # the draft that copies n-grams of the context: no second model
+SUFFIX = "suffix"  # the draft that copies from a suffix index of the context and of earlier requests: no model
+LOOKUP_DRAFTS = {  # the drafts that copy tokens instead of running a model, as a loading message names them
+    PROMPT_LOOKUP: "prompt lookup (copies n-grams of the context, no model)",
+    SUFFIX: "suffix (copies from the context and earlier requests, no model)",
+}
+DEFAULT_SUFFIX_HISTORY_TOKENS = 1_000_000
 NO_DRAFT = "none"
 QUANTIZATIONS = ("int8", "int4", "none", "auto")  # "auto" (the draft's default): int8 on the CPU, none elsewhere
 
@@ -26,7 +32,7 @@ QUANTIZATIONS = ("int8", "int4", "none", "auto")  # "auto" (the draft's default)
 @dataclass
 class ModelOptions:
     target: str = DEFAULT_TARGET
-    draft: str | None = DEFAULT_DRAFT  # a model, PROMPT_LOOKUP, or None / NO_DRAFT for plain decoding
+    draft: str | None = DEFAULT_DRAFT  # a model, PROMPT_LOOKUP, SUFFIX, or None / NO_DRAFT for plain decoding
     k: str | int = AUTO  # "auto", a fixed K (0 = plain decoding), or (bench) a comma list of those
     method: str = "leviathan"
     backend: str = "auto"
@@ -39,6 +45,7 @@ class ModelOptions:
     threads: int | None = None
     exact_greedy: bool = False
     trust_remote_code: bool = False
+    suffix_history_tokens: int = DEFAULT_SUFFIX_HISTORY_TOKENS  # the suffix draft's history of earlier requests
 
     @property
     def has_draft(self) -> bool:
@@ -46,7 +53,8 @@ class ModelOptions:
 
     @property
     def draft_is_lookup(self) -> bool:
-        return self.has_draft and self.draft.lower() == PROMPT_LOOKUP
+        """The draft copies tokens (prompt lookup, suffix): there is no draft model to load."""
+        return self.has_draft and self.draft.lower() in LOOKUP_DRAFTS
 
     @property
     def num_speculative_tokens(self) -> int | str:
@@ -95,6 +103,9 @@ def check_options(opts: ModelOptions) -> None:
     check_backend(opts.backend)
     for option in ("quantize", "draft_quantize"):
         _quantization(opts, option)
+    if opts.suffix_history_tokens < 0:
+        raise OptionError("suffix_history_tokens", f"suffix_history_tokens must be >= 0 (0: no history), got "
+                                                   f"{opts.suffix_history_tokens}")
     LoadOptions(device=opts.device, dtype=opts.dtype, device_map=opts.device_map, threads=opts.threads)
     for ref in [opts.target] + ([opts.draft] if opts.has_draft and not opts.draft_is_lookup else []):
         if not os.path.exists(os.path.expanduser(ref)) and registry.is_registered(ref):
@@ -135,18 +146,25 @@ def load_target(opts: ModelOptions, rows: int = 1, progress=None):
 
 
 def load_draft(opts: ModelOptions, rows: int = 1, progress=None):
-    """The draft: a LoadedModel, a PromptLookupDrafter, or None for plain decoding. It goes where the target goes
-    (the first GPU when the target is sharded)."""
+    """The draft: a LoadedModel, a PromptLookupDrafter or SuffixDrafter, or None for plain decoding. It goes where
+    the target goes (the first GPU when the target is sharded)."""
     if opts.draft_is_lookup:
-        from .drafters import PromptLookupDrafter
-
-        return PromptLookupDrafter()
+        return lookup_drafter(opts)
     if not opts.has_draft:
         return None
     from .models.loading import load_model
 
     return load_model(opts.draft, device=opts.device if opts.device_map is None else "auto",
                       quantize=_quantization(opts, "draft_quantize"), progress=progress, **_shared(opts, rows))
+
+
+def lookup_drafter(opts: ModelOptions):
+    """The drafter a LOOKUP_DRAFTS name stands for (a suffix draft with its own history of earlier requests)."""
+    from .drafters import PromptLookupDrafter, SuffixDrafter
+
+    if opts.draft.lower() == SUFFIX:
+        return SuffixDrafter(history_tokens=opts.suffix_history_tokens)
+    return PromptLookupDrafter()
 
 
 def load_pair(opts: ModelOptions, rows: int = 1, progress=None):

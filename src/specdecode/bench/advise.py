@@ -35,8 +35,6 @@ reports tokens/s.
 from __future__ import annotations
 
 import datetime
-import importlib
-import importlib.util
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -44,7 +42,7 @@ from typing import Callable
 
 import torch
 
-from ..drafters import PromptLookupDrafter
+from ..drafters import PromptLookupDrafter, SuffixDrafter
 from ..engine import AutoregressiveGenerator, SpeculativeGenerator
 from ..policy import expected_tokens
 from .costs import measure_costs
@@ -109,34 +107,19 @@ def roofline(verify: dict[int, float], max_k: int) -> dict:
 # ----------------------------------------------------------------------------------------------- the drafters
 def drafters_to_try(draft) -> tuple[dict, dict]:
     """({name: draft model or drafter}, {name: why it is left out}): the draft model when there is one, prompt
-    lookup, and the suffix drafter when this install has one."""
+    lookup, and the suffix drafter."""
     drafters, skipped = {}, {}
     if draft is None:
         skipped["model"] = "no draft model (--draft none)"
-    elif isinstance(draft, PromptLookupDrafter):
-        skipped["model"] = "no draft model (--draft prompt-lookup)"
+    elif isinstance(draft, (PromptLookupDrafter, SuffixDrafter)):
+        skipped["model"] = "no draft model (--draft prompt-lookup or suffix)"
     else:
         drafters["model"] = draft
     drafters["prompt-lookup"] = PromptLookupDrafter()
-    suffix, why = _suffix_drafter()
-    if suffix is not None:
-        drafters["suffix"] = suffix
-    else:
-        skipped["suffix"] = why
+    # Advise replays the same prompts (a warm-up, then a run per K): a history would hand each run the answers of
+    # the one before, so the suffix drafter drafts from the row's own context only.
+    drafters["suffix"] = SuffixDrafter(history_tokens=0)
     return drafters, skipped
-
-
-def _suffix_drafter():
-    """(a SuffixDrafter with its defaults, None) from specdecode.drafters.suffix, or (None, why not)."""
-    if importlib.util.find_spec("specdecode.drafters.suffix") is None:
-        return None, "specdecode.drafters.suffix is not in this install"
-    factory = getattr(importlib.import_module("specdecode.drafters.suffix"), "SuffixDrafter", None)
-    if factory is None:
-        return None, "specdecode.drafters.suffix has no SuffixDrafter"
-    try:
-        return factory(), None
-    except TypeError as e:  # it wants arguments advise cannot guess
-        return None, f"SuffixDrafter() needs arguments: {e}"
 
 
 # ----------------------------------------------------------------------------------------------- measuring
@@ -328,7 +311,8 @@ def recommend(reports: list[dict], roof: dict, verify: dict[int, float]) -> dict
 
 
 def _flags(name: str, k: int) -> str:
-    flags = {"model": f"-k {k}", "prompt-lookup": f"--draft prompt-lookup -k {k}"}.get(name)
+    flags = {"model": f"-k {k}", "prompt-lookup": f"--draft prompt-lookup -k {k}",
+             "suffix": f"--draft suffix -k {k}"}.get(name)
     return f" ({flags}; -k auto finds it too)" if flags else ""
 
 

@@ -145,7 +145,7 @@ def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] 
     (default: on a terminal) prints the backend each model runs on. quiet: neither, and no progress either.
     rows: rows decoded at once (a server's --max-batch-size).
     """
-    from ..pair import check_options, load_draft, load_target
+    from ..pair import LOOKUP_DRAFTS, check_options, load_draft, load_target
 
     check_options(opts)
     quiet_transformers()
@@ -159,7 +159,7 @@ def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] 
     if not opts.has_draft or opts.draft_is_lookup:  # nothing to load
         draft = load_draft(opts, rows)
         if announce and draft is not None:
-            err.print("draft: prompt lookup (copies n-grams of the context, no model)", markup=False)
+            err.print(f"draft: {LOOKUP_DRAFTS[opts.draft.lower()]}", markup=False)
         return target, draft
     start = time.perf_counter()
     with status(f"loading draft {opts.draft}"), prepare_progress(not quiet) as progress:

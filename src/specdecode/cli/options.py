@@ -20,6 +20,7 @@ import typer
 
 from ..backends import backend_help
 from ..pair import DEFAULT_DRAFT, DEFAULT_TARGET, ModelOptions, parse_k, parse_k_list  # noqa: F401  (re-exported)
+from ..pair import DEFAULT_SUFFIX_HISTORY_TOKENS
 from ..speculation import AUTO
 
 PANEL = "Models and speculation"
@@ -52,7 +53,8 @@ def _model_declarations(k_default: str, k_list: bool) -> dict:
         "target": (str, option(DEFAULT_TARGET, "--target", "-t", help="Target model: a built-in name, an HF "
                                 "directory, a .gguf file, or a hub id in the local HF cache.")),
         "draft": (str, option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model (same kinds as --target); "
-                               "'prompt-lookup' to draft by copying from the context (no second model); 'none' "
+                               "'prompt-lookup' to draft by copying from the context (no second model); "
+                               "'suffix' to copy from the context and earlier requests (no second model); 'none' "
                                "for plain decoding of the target.")),
         "k": (str, option(k_default, "-k", "--num-speculative-tokens", help=k_help)),
         "method": (str, option("leviathan", "--method", help="Rejection sampler: leviathan (Alg. 1, vectorised) "
@@ -80,6 +82,9 @@ def _model_declarations(k_default: str, k_list: bool) -> dict:
                                       "tokens round differently and can flip a near-tie); slower.")),
         "trust_remote_code": (bool, option(False, "--trust-remote-code", help="Allow a model's own Python code "
                                            "(off by default).")),
+        "suffix_history_tokens": (int, option(DEFAULT_SUFFIX_HISTORY_TOKENS, "--suffix-history-tokens",
+                                              help="--draft suffix: tokens of earlier prompts and outputs kept to "
+                                              "draft from (least recently used out first; 0: none).")),
     }
 
 

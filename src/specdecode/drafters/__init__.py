@@ -6,8 +6,10 @@ from ..backends import as_backend
 from .base import Drafter, LegacyDrafter, Proposal
 from .model import ModelDrafter
 from .prompt_lookup import PromptLookupDrafter
+from .suffix import SuffixDrafter, SuffixHistory
 
-__all__ = ["Drafter", "LegacyDrafter", "ModelDrafter", "Proposal", "PromptLookupDrafter", "as_drafter", "is_drafter"]
+__all__ = ["Drafter", "LegacyDrafter", "ModelDrafter", "Proposal", "PromptLookupDrafter", "SuffixDrafter",
+           "SuffixHistory", "as_drafter", "is_drafter"]
 
 
 def is_drafter(obj) -> bool:
