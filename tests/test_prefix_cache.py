@@ -98,6 +98,25 @@ def test_llamacpp_sampled_rows_and_a_draft_stay_the_same_with_the_cache(smol_pat
     _assert_same(second, _run(cold, [question], max_new_tokens=24, **options))
 
 
+def test_llamacpp_model_draft_takes_its_prefix_from_its_own_cache(smol_path):
+    from specdecode.backends.llamacpp import LlamaCppBackend
+    from specdecode.drafters import ModelDrafter
+
+    def gen(rows, cache):
+        draft = ModelDrafter(LlamaCppBackend(smol_path, n_ctx=2048, max_rows=rows, n_threads=1))
+        return _llama(smol_path, rows=rows, cache=cache, draft=draft, k=3)
+
+    system = _tokens(500, 49000, seed=8)
+    question = system + _tokens(30, 49000, seed=9)
+    options = dict(temperature=0.8, seed=5, max_new_tokens=16)
+    warm, cold = gen(2, 100_000), gen(1, 0)
+    _run(warm, [system], **options)
+    second = _run(warm, [question], **options)
+    assert warm.drafter.prefix_cache.stats.hit_tokens >= 448 and second.row_stats[0].cached_tokens >= 448
+    assert second.stats.proposed_tokens > 0
+    _assert_same(second, _run(cold, [question], **options))
+
+
 def test_llamacpp_rows_share_a_running_rows_prefix_and_parked_ones(smol_path):
     system = _tokens(300, 49000, seed=5)
     prompts = [system + _tokens(10 + i, 49000, seed=10 + i) for i in range(3)]
@@ -166,6 +185,19 @@ def test_transformers_cached_prefix_equals_a_cold_prefill(tiny_pair):
         want = _run(cold, [q], temperature=0.8, seed=3)
         assert got.token_ids == want.token_ids
         assert np.allclose(got.logprobs[0], want.logprobs[0], atol=1e-5)
+
+
+def test_transformers_draft_cache_and_sampled_rows(tiny_pair):
+    target, draft = tiny_pair
+    vocab = target.config.vocab_size
+    warm = SpeculativeGenerator(target, draft, num_speculative_tokens=3, prefix_cache_tokens=10_000)
+    cold = SpeculativeGenerator(target, draft, num_speculative_tokens=3)
+    system = _tokens(100, vocab, seed=70)
+    warm.generate([system], max_new_tokens=4, temperature=0.8, seed=1)
+    prompt = system + _tokens(7, vocab, seed=71)
+    got = warm.generate([prompt], max_new_tokens=20, temperature=0.8, seed=2)
+    assert warm.drafter.prefix_cache.stats.hit_tokens >= 100 and got.row_stats[0].cached_tokens >= 100
+    assert got.token_ids == cold.generate([prompt], max_new_tokens=20, temperature=0.8, seed=2).token_ids
 
 
 def test_transformers_batch_with_and_without_hits(tiny_pair):

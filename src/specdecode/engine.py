@@ -103,7 +103,8 @@ class SpeculativeGenerator:
         self.timing = self.target.device.type != "cuda" if timing is None else timing
         self.eos_token_ids = eos_token_ids(self.target) | tokenizer_eos_ids(self.tokenizer)
         self._grammars = None  # the tokenizer's grammar compiler, made when a request first needs one
-        self.prefix_cache = _prefix_cache(self.target, prefix_cache_tokens)
+        self.prefix_cache = None
+        self.set_prefix_cache(prefix_cache_tokens)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -238,6 +239,8 @@ class SpeculativeGenerator:
     def set_prefix_cache(self, max_tokens: int) -> None:
         """Keep up to max_tokens tokens of finished rows' KV to reuse for prompts that start with them (0: off)."""
         self.prefix_cache = _prefix_cache(self.target, max_tokens)
+        if self.drafter is not None:
+            self.drafter.set_prefix_cache(max_tokens)
 
     def session(self, policy=None, prefill_tokens_per_step: int | None = None,
                 max_batch: int | None = None) -> "DecodingSession":

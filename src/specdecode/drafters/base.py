@@ -83,6 +83,10 @@ class Drafter:
     def limit_catch_up(self) -> None:
         """Bound the backlog a probe feeds to catch_up_window tokens per row (only q changes: still exact)."""
 
+    def set_prefix_cache(self, max_tokens: int) -> None:
+        """Keep up to max_tokens tokens of finished rows' KV for prompts that start the same (a drafter with a model
+        cache; others have nothing to keep)."""
+
 
 class LegacyDrafter(Drafter):
     """A drafter object written to the old duck-typed contract (propose returns (tokens, q); update takes drafts,

@@ -6,7 +6,8 @@ import time
 
 import torch
 
-from ..backends.base import ModelBackend, pad
+from ..backends.base import ModelBackend, caches_prefixes, pad, reusable_prefix
+from ..prefix_cache import PrefixCache
 from ..sampling import BatchSampling, sample_with_uniforms
 from .base import Drafter, Proposal
 
@@ -37,22 +38,52 @@ class ModelDrafter(Drafter):
         self.catch_up = 0  # tokens the last proposal had to feed for its longest row (normally 1 or 2) ...
         self.catch_up_s = 0.0  # ... and the seconds of a forward of their own, when every row was behind,
         self.catch_up_tokens = 0  # ... which fed this many tokens over all rows
+        self.prefix_cache: PrefixCache | None = None
+        self._history: list[list[int] | None] = []  # per row, the tokens its cache holds a prefix of (None: unknown)
+
+    def set_prefix_cache(self, max_tokens: int) -> None:
+        self.prefix_cache = PrefixCache(max_tokens) if max_tokens and caches_prefixes(self.backend) else None
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None, hidden=None) -> None:
         # Lazily: the prompts wait with the other pending tokens and are fed by the first proposal, so a batch
         # that the policy decodes plainly never pays for the draft's prefill.
-        self.backend.reset(input_ids.shape[0])
         rows, masks = input_ids.tolist(), valid.tolist() if valid is not None else None
         self._pending = [[t for j, t in enumerate(r) if masks is None or masks[b][j]] for b, r in enumerate(rows)]
+        self._history = [list(p) for p in self._pending]
         self._fed = []
         self._proposed = 0
+        lengths = self.backend.lengths
+        if self.prefix_cache is not None and len(lengths) == len(self._pending) and not any(lengths):
+            self._load_cached_prefixes()
+        else:
+            self.backend.reset(input_ids.shape[0])
+
+    def _load_cached_prefixes(self) -> None:
+        """Rows start from a cached prefix of their prompt. The first proposal feeds the rest of the prompt in a
+        forward of its own (the catch-up), which then matches a cold one's last forward (reusable_prefix), as
+        long as at least 2 tokens are left: so for a fixed K the draft's q is bit for bit a cold prefill's."""
+        hits = []
+        for prompt in self._pending:
+            hit = self.prefix_cache.lookup(self.backend, prompt, [], None)
+            if hit is not None and len(prompt) - hit[1] < 2:
+                hit = None
+            hits.append(hit)
+            self.prefix_cache.record(len(prompt), hit[1] if hit else 0)
+        if any(hits):
+            self.backend.load_prefixes(hits)
+            self._pending = [p[h[1]:] if h else p for p, h in zip(self._pending, hits)]
 
     def fork(self, batch_size: int) -> "ModelDrafter":
-        return ModelDrafter(self.backend.fork(batch_size))
+        if self.prefix_cache is not None:
+            self.prefix_cache.make_room(self.backend, batch_size, [])
+        other = ModelDrafter(self.backend.fork(batch_size))
+        other.prefix_cache = self.prefix_cache
+        return other
 
     def merge(self, other: "ModelDrafter") -> None:
         self.backend.merge(other.backend)
         self._pending += other._pending
+        self._history += other._history
         self.forward_calls += other.forward_calls
 
     def max_drafts(self, k: int) -> list[int]:
@@ -69,6 +100,7 @@ class ModelDrafter(Drafter):
             self.backend.trim([0 if b in far else n for b, n in enumerate(self.backend.lengths)])
             for b in far:
                 self._pending[b] = self._pending[b][-self.catch_up_window:]
+                self._history[b] = None  # its cache now starts mid-text: nothing to park
 
     def propose(self, k: int, sampling: BatchSampling, uniforms, num_drafts):
         self.catch_up, self.catch_up_s = max(map(len, self._pending), default=0), 0.0
@@ -106,6 +138,7 @@ class ModelDrafter(Drafter):
 
     def update(self, emitted: list[list[int]], kept: list[int], hidden=None) -> None:
         k = self._proposed
+        self._history = [h + e if h is not None else None for h, e in zip(self._history, emitted)]
         if k == 0:  # nothing was fed: the new tokens just queue up
             self._pending = [p + e for p, e in zip(self._pending, emitted)]
             return
@@ -116,6 +149,14 @@ class ModelDrafter(Drafter):
         self._proposed, self._fed = 0, []  # _fed describes one proposal only: rows may join or leave before the next
 
     def select_rows(self, rows: list[int]) -> None:
-        self.backend.select_rows(rows)
+        gone = [b for b in range(len(self._pending)) if b not in set(rows)]
+        if self.prefix_cache is not None and gone:  # rows that leave park their KV for prompts that start the same
+            held = self.backend.lengths
+            for b, handle in zip(gone, self.backend.park(gone)):
+                if self._history[b] is not None:
+                    self.prefix_cache.insert(self._history[b][: held[b]], handle)
+        else:
+            self.backend.select_rows(rows)
+        self._history = [self._history[r] for r in rows] if self._history else []
         self._pending = [self._pending[r] for r in rows]
         self._fed = [self._fed[r] for r in rows] if self._fed else []
