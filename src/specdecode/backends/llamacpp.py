@@ -33,7 +33,7 @@ import torch
 from . import register_backend
 
 INSTALL_HINT = ('the llama.cpp backend needs llama-cpp-python: pip install -e ".[llamacpp]" '
-                '(builds from source: needs cmake and a C++ compiler, a few minutes; the README's CMAKE_ARGS build only what is used)')
+                '(builds from source: needs cmake and a C++ compiler; a few minutes with the CMAKE_ARGS of the README)')
 EXACT_TOKENS_PER_FORWARD = 3  # below the 4 tokens at which llama.cpp switches to its repacked matrix kernel
 # A prefill forward's numbers depend on its size in two ways (llama.cpp of llama-cpp-python 0.3.36, CPU): flash
 # attention takes its tiled kernel from GGML_FA_TILE_Q = 64 tokens on, and repacked matrix products take rows 4

@@ -6,7 +6,8 @@ ends) or Poisson arrivals at `rate` requests/s (exponential gaps, from a seeded 
 (/v1/completions, stream=true, include_usage), so the client sees each chunk: time to first token (TTFT), the gaps
 between chunks (inter-token latency, a chunk of n tokens counting its gap / n, n times, when the server reports
 usage) and the end-to-end latency. The report: request throughput, output tokens/s, p50/p90/p99 of each latency,
-the errors by status; as JSON and, optionally, a matplotlib figure.
+the errors by status; as JSON and, optionally, a matplotlib figure. The chat workloads (multi-turn, shared system
+prompt) are in serve_chat.py and share this module's streaming, client, loop and report helpers.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class RequestRecord:
     output_tokens: int = 0
     itl_s: list[float] = field(default_factory=list)
     text: str = ""
+    prompt_tokens: int | None = None  # from the server's usage (None: it reported none)
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens: prompt tokens served from a cache
 
     @property
     def ok(self) -> bool:
@@ -75,20 +78,31 @@ def base_url(url: str) -> str:
     return url[:-3] if url.endswith("/v1") else url
 
 
-async def one_request(http, settings: ServeBenchSettings, index: int, t0: float) -> RequestRecord:
-    """Send one streamed completion and time its chunks."""
-    prompt_index = index % len(settings.prompts)
-    record = RequestRecord(prompt_index, time.perf_counter() - t0)
-    body = {"prompt": settings.prompts[prompt_index], "max_tokens": settings.max_tokens,
-            "temperature": settings.temperature, "stream": True, "stream_options": {"include_usage": True}}
+def sampling_body(settings) -> dict:
+    """The request fields every workload sends (settings: any of the bench's settings with these attributes)."""
+    body = {"max_tokens": settings.max_tokens, "temperature": settings.temperature, "stream": True,
+            "stream_options": {"include_usage": True}}
     if settings.model:
         body["model"] = settings.model
     if settings.ignore_eos:
         body["ignore_eos"] = True
+    return body
+
+
+async def one_request(http, settings: ServeBenchSettings, index: int, t0: float) -> RequestRecord:
+    """Send one streamed completion and time its chunks."""
+    prompt_index = index % len(settings.prompts)
+    record = RequestRecord(prompt_index, time.perf_counter() - t0)
+    body = {"prompt": settings.prompts[prompt_index], **sampling_body(settings)}
+    return await stream_request(http, "/v1/completions", body, record)
+
+
+async def stream_request(http, path: str, body: dict, record: RequestRecord) -> RequestRecord:
+    """POST a streamed request (completions or chat) and fill record with its timings, text and usage."""
     start = time.perf_counter()
     last, chunks, usage = None, [], None
     try:
-        async with http.stream("POST", "/v1/completions", json=body) as response:
+        async with http.stream("POST", path, json=body) as response:
             record.status = response.status_code
             if response.status_code != 200:
                 await response.aread()
@@ -106,7 +120,7 @@ async def one_request(http, settings: ServeBenchSettings, index: int, t0: float)
                     break
                 if data.get("usage"):
                     usage = data["usage"]
-                text = "".join(c.get("text") or "" for c in data.get("choices", []))
+                text = _chunk_text(data)
                 if not text:
                     continue
                 now = time.perf_counter()
@@ -120,13 +134,25 @@ async def one_request(http, settings: ServeBenchSettings, index: int, t0: float)
         record.error = f"{type(exc).__name__}: {exc}"
         return record
     record.latency_s = time.perf_counter() - start
-    record.output_tokens = usage["completion_tokens"] if usage else len(chunks) + (last is not None)
+    _count_tokens(record, usage, chunks, last is not None)
+    return record
+
+
+def _chunk_text(data: dict) -> str:
+    # /v1/completions streams choices[].text, /v1/chat/completions choices[].delta.content
+    return "".join(c.get("text") or (c.get("delta") or {}).get("content") or "" for c in data.get("choices", []))
+
+
+def _count_tokens(record: RequestRecord, usage: dict | None, chunks: list[float], any_text: bool) -> None:
+    record.output_tokens = usage["completion_tokens"] if usage else len(chunks) + any_text
+    if usage:
+        record.prompt_tokens = usage.get("prompt_tokens")
+        record.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     # Spread the chunk gaps over the tokens after the first (a speculative step may deliver several at once).
     after_first = max(record.output_tokens - 1, 0)
     if chunks and after_first:
         per_token = sum(chunks) / after_first
         record.itl_s = [per_token] * after_first
-    return record
 
 
 def _error_message(response) -> str:
@@ -136,35 +162,41 @@ def _error_message(response) -> str:
         return response.text[:200]
 
 
-async def run_load(settings: ServeBenchSettings) -> tuple[list[RequestRecord], float]:
-    """(records, wall seconds) of one run."""
+def make_client(settings, width: int):
+    """An httpx client on the server's base URL that holds `width` connections (one per concurrent request)."""
     import httpx
 
     headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-    width = settings.concurrency or 256
     limits = httpx.Limits(max_connections=width, max_keepalive_connections=width)
-    async with httpx.AsyncClient(base_url=base_url(settings.url), headers=headers, limits=limits,
-                                 timeout=settings.timeout_s) as http:
+    return httpx.AsyncClient(base_url=base_url(settings.url), headers=headers, limits=limits,
+                             timeout=settings.timeout_s)
+
+
+async def run_load(settings: ServeBenchSettings) -> tuple[list[RequestRecord], float]:
+    """(records, wall seconds) of one run."""
+    async with make_client(settings, settings.concurrency or 256) as http:
         t0 = time.perf_counter()
         end = t0 + settings.duration_s if settings.duration_s else None
         if settings.concurrency is not None:
-            records = await _closed_loop(http, settings, t0, end)
+            records = await closed_loop(lambda i: one_request(http, settings, i, t0),
+                                        range(settings.num_requests), settings.concurrency, end)
         else:
             records = await _poisson(http, settings, t0, end)
         return records, time.perf_counter() - t0
 
 
-async def _closed_loop(http, settings, t0, end) -> list[RequestRecord]:
-    counter = iter(range(settings.num_requests))
-    records: list[RequestRecord] = []
+async def closed_loop(send, indices, concurrency: int, end: float | None) -> list:
+    """`concurrency` clients, each awaiting send(index) for the next index until none is left or `end` passes."""
+    counter = iter(indices)
+    records = []
 
     async def client():
         for index in counter:
             if end is not None and time.perf_counter() > end:
                 return
-            records.append(await one_request(http, settings, index, t0))
+            records.append(await send(index))
 
-    await asyncio.gather(*(client() for _ in range(settings.concurrency)))
+    await asyncio.gather(*(client() for _ in range(concurrency)))
     return records
 
 
@@ -189,19 +221,23 @@ def percentiles(values: list[float]) -> dict:
     return out
 
 
-def summarize(records: list[RequestRecord], wall_s: float, settings: ServeBenchSettings) -> dict:
-    ok = [r for r in records if r.ok]
+def count_errors(records: list[RequestRecord]) -> dict[str, int]:
+    """Failed requests by their HTTP status, or by the exception's name when there was no response."""
     errors: dict[str, int] = {}
     for r in records:
         if not r.ok:
             key = str(r.status) if r.status not in (None, 200) else (r.error or "error").split(":")[0]
             errors[key] = errors.get(key, 0) + 1
+    return errors
+
+
+def totals(records: list[RequestRecord], wall_s: float) -> dict:
+    """The counts, throughputs and latency percentiles of a run (every workload reports these)."""
+    ok = [r for r in records if r.ok]
     tokens = sum(r.output_tokens for r in ok)
-    config = {k: v for k, v in asdict(settings).items() if k not in ("prompts", "api_key")}
-    config["num_prompts"] = len(settings.prompts)
     return {
-        "config": config,
-        "requests": len(records), "succeeded": len(ok), "failed": len(records) - len(ok), "errors": errors,
+        "requests": len(records), "succeeded": len(ok), "failed": len(records) - len(ok),
+        "errors": count_errors(records),
         "duration_s": wall_s,
         "request_throughput": len(ok) / wall_s if wall_s > 0 else 0.0,
         "output_tokens": tokens,
@@ -209,10 +245,19 @@ def summarize(records: list[RequestRecord], wall_s: float, settings: ServeBenchS
         "ttft_s": percentiles([r.ttft_s for r in ok if r.ttft_s is not None]),
         "itl_s": percentiles([x for r in ok for x in r.itl_s]),
         "latency_s": percentiles([r.latency_s for r in ok if r.latency_s is not None]),
-        "per_request": [{"prompt": r.prompt_index, "start_s": r.start, "status": r.status, "error": r.error,
-                         "ttft_s": r.ttft_s, "latency_s": r.latency_s, "output_tokens": r.output_tokens}
-                        for r in records],
     }
+
+
+def request_row(r: RequestRecord) -> dict:
+    return {"start_s": r.start, "status": r.status, "error": r.error, "ttft_s": r.ttft_s, "latency_s": r.latency_s,
+            "output_tokens": r.output_tokens, "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens}
+
+
+def summarize(records: list[RequestRecord], wall_s: float, settings: ServeBenchSettings) -> dict:
+    config = {k: v for k, v in asdict(settings).items() if k not in ("prompts", "api_key")}
+    config["num_prompts"] = len(settings.prompts)
+    return {"config": config, **totals(records, wall_s),
+            "per_request": [{"prompt": r.prompt_index, **request_row(r)} for r in records]}
 
 
 def bench_serve(settings: ServeBenchSettings) -> dict:

@@ -1,7 +1,8 @@
 """`specdecode bench serve`: load a running OpenAI-compatible server and report its latencies and throughput.
 
 The command function is registered by the bench command group (`bench_app.command("serve")(bench_serve)`).
-Measurements are in specdecode.bench.serve; this module only reads options and prints.
+Measurements are in specdecode.bench.serve (completions) and specdecode.bench.serve_chat (the chat
+workloads); this module only reads options and prints.
 """
 
 from __future__ import annotations
@@ -12,15 +13,30 @@ import typer
 
 from .common import CLIError, out, user_errors
 
+WORKLOADS = ("completions", "multi-turn", "shared-system")
+
 
 def bench_serve(
     url: str = typer.Option("http://127.0.0.1:8000", "--url", help="The server's base URL (ours or any "
-                            "OpenAI-compatible one); requests go to URL/v1/completions and nowhere else."),
-    prompts: str = typer.Option("code", "--prompts", help="Prompt set: code, prose, edit (built in), or a file."),
-    num_requests: int = typer.Option(100, "--num-requests", "-n", help="Requests to send in all."),
+                            "OpenAI-compatible one); requests go to URL/v1/completions (or /v1/chat/completions for "
+                            "the chat workloads) and nowhere else."),
+    workload: str = typer.Option("completions", "--workload", help="completions: streamed completions of the "
+                                 "prompt set; multi-turn: chats that re-send their history each turn (TTFT and "
+                                 "prefix-cache hit rate per turn); shared-system: chats sharing one long system "
+                                 "prompt (TTFT of the first request against the later ones)."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", help="Prompt set: code, prose, edit (built in), or a "
+                                          "file. Default: code; the chat workloads' user messages default to "
+                                          "built-in code-review questions."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n", help="Requests to send in all "
+                                               "(default 100; shared-system: 16, the first one alone)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", "-c", help="Fixed concurrency: this many "
                                               "clients, each sending its next request when the last one ends. "
-                                              "Default 8 unless --rate is given."),
+                                              "Default 8 unless --rate is given (shared-system: 4)."),
+    conversations: Optional[int] = typer.Option(None, "--conversations", help="multi-turn: chats running at "
+                                                "once (default 4)."),
+    turns: Optional[int] = typer.Option(None, "--turns", help="multi-turn: turns of each chat (default 5)."),
+    system_prompt: Optional[str] = typer.Option(None, "--system-prompt", help="Chat workloads: a file holding the "
+                                                "system prompt (default: a built-in ~900-token code-review one)."),
     rate: Optional[float] = typer.Option(None, "--rate", help="Poisson arrivals at this many requests per second "
                                          "(instead of --concurrency)."),
     max_tokens: int = typer.Option(64, "--max-tokens", help="max_tokens of each request."),
@@ -36,30 +52,99 @@ def bench_serve(
     plot: Optional[str] = typer.Option(None, "--plot", help="Write a figure (PNG) of the latencies to this file."),
 ) -> None:
     """Load a running server with streamed completions: request throughput, output tokens/s, TTFT, inter-token
-    latency and end-to-end latency (p50/p90/p99), errors."""
+    latency and end-to-end latency (p50/p90/p99), errors; or with chats (--workload multi-turn, shared-system):
+    TTFT and prefix-cache hit rate per turn."""
     with user_errors():
-        from ..bench.prompts import load_prompts
-        from ..bench.serve import ServeBenchSettings, bench_serve as run, plot_serve, write_report
+        if workload not in WORKLOADS:
+            raise CLIError(f"--workload {workload!r}: use one of {', '.join(WORKLOADS)}")
+        given = {"--conversations": conversations, "--turns": turns, "--system-prompt": system_prompt,
+                 "--rate": rate, "--plot": plot, "--num-requests": num_requests, "--concurrency": concurrency}
+        _check_options(workload, given)
+        common = dict(url=url, max_tokens=max_tokens, temperature=temperature, model=model, api_key=api_key,
+                      timeout_s=timeout, duration_s=duration)
+        if workload == "completions":
+            _run_completions(common, prompts or "code", num_requests or 100, concurrency, rate, seed, json_path,
+                             plot)
+        else:
+            from ..bench.serve_chat import ChatBenchSettings
 
-        if concurrency is not None and rate is not None:
-            raise CLIError("give --concurrency or --rate, not both")
-        if concurrency is None and rate is None:
-            concurrency = 8
-        texts = [p.text for p in load_prompts(prompts)]
-        settings = ServeBenchSettings(url=url, prompts=texts, num_requests=num_requests, concurrency=concurrency,
-                                      rate=rate, max_tokens=max_tokens, temperature=temperature, model=model,
-                                      api_key=api_key, timeout_s=timeout, duration_s=duration, seed=seed)
-        report = run(settings)
-        report["config"]["prompts"] = prompts
-        _print(report)
-        if json_path:
-            write_report(report, json_path)
-            out.print(f"report: {json_path}")
-        if plot:
-            plot_serve(report, plot)
-            out.print(f"figure: {plot}")
-        if report["succeeded"] == 0:
-            raise CLIError(f"no request succeeded against {url}: {report['errors']}")
+            settings = ChatBenchSettings(workload=workload, questions=_questions(prompts),
+                                         system_prompt=_read_text(system_prompt), **common, **_chat_sizes(given))
+            _run_chat(settings, prompts, json_path)
+
+
+def _run_completions(common: dict, prompts: str, num_requests: int, concurrency: Optional[int],
+                     rate: Optional[float], seed: int, json_path: Optional[str], plot: Optional[str]) -> None:
+    from ..bench.prompts import load_prompts
+    from ..bench.serve import ServeBenchSettings, bench_serve as run, plot_serve, write_report
+
+    if concurrency is None and rate is None:
+        concurrency = 8
+    texts = [p.text for p in load_prompts(prompts)]
+    settings = ServeBenchSettings(prompts=texts, num_requests=num_requests, concurrency=concurrency, rate=rate,
+                                  seed=seed, **common)
+    report = run(settings)
+    report["config"]["prompts"] = prompts
+    _print(report)
+    if json_path:
+        write_report(report, json_path)
+        out.print(f"report: {json_path}")
+    if plot:
+        plot_serve(report, plot)
+        out.print(f"figure: {plot}")
+    if report["succeeded"] == 0:
+        raise CLIError(f"no request succeeded against {settings.url}: {report['errors']}")
+
+
+# The options each workload reads: one given to a workload that ignores it is an error, not a silent no-op.
+_APPLIES = {"completions": {"--rate", "--plot", "--num-requests", "--concurrency"},
+            "multi-turn": {"--conversations", "--turns", "--system-prompt"},
+            "shared-system": {"--system-prompt", "--num-requests", "--concurrency"}}
+
+
+def _check_options(workload: str, given: dict) -> None:
+    for flag, value in given.items():
+        if value is not None and flag not in _APPLIES[workload]:
+            raise CLIError(f"{flag} does not apply to --workload {workload}")
+    if given["--concurrency"] is not None and given["--rate"] is not None:
+        raise CLIError("give --concurrency or --rate, not both")
+
+
+def _chat_sizes(given: dict) -> dict:
+    """The sizes the user gave, under ChatBenchSettings' names (the others keep its defaults)."""
+    names = {"--conversations": "conversations", "--turns": "turns", "--num-requests": "num_requests",
+             "--concurrency": "concurrency"}
+    return {name: given[flag] for flag, name in names.items() if given[flag] is not None}
+
+
+def _questions(prompts: Optional[str]) -> list[str]:
+    if prompts is None:
+        return []  # the built-in questions
+    from ..bench.prompts import load_prompts
+
+    return [p.text for p in load_prompts(prompts)]
+
+
+def _read_text(path: Optional[str]) -> Optional[str]:
+    if path is None:
+        return None
+    from pathlib import Path
+
+    return Path(path).expanduser().read_text(encoding="utf-8")
+
+
+def _run_chat(settings, prompts: Optional[str], json_path: Optional[str]) -> None:
+    from ..bench.serve import write_report
+    from ..bench.serve_chat import bench_chat
+
+    report = bench_chat(settings)
+    report["config"]["prompts"] = prompts or "built-in questions"
+    _print_chat(report)
+    if json_path:
+        write_report(report, json_path)
+        out.print(f"report: {json_path}")
+    if report["succeeded"] == 0:
+        raise CLIError(f"no request succeeded against {settings.url}: {report['errors']}")
 
 
 def _print(report: dict) -> None:
@@ -74,3 +159,33 @@ def _print(report: dict) -> None:
         row = report[key]
         table.add_row(name, *("–" if row[c] is None else f"{1000 * row[c]:.1f}" for c in ("p50", "p90", "p99", "mean")))
     out.print(table)
+
+
+def _print_chat(report: dict) -> None:
+    from rich.table import Table
+
+    out.print(f"{report['workload']}: {report['succeeded']}/{report['requests']} requests succeeded in "
+              f"{report['duration_s']:.1f} s ({report['skipped']} not sent): {report['output_tokens_per_s']:.1f} "
+              f"output tokens/s")
+    if report["errors"]:
+        out.print("errors: " + ", ".join(f"{k} x{v}" for k, v in report["errors"].items()))
+    multi = report["workload"] == "multi-turn"
+    table = Table("turn" if multi else "requests", "ok", "TTFT median (ms)", "TTFT p90 (ms)", "prompt tokens",
+                  "cached tokens", "hit rate")
+    for row in report["per_turn" if multi else "per_group"]:
+        table.add_row(str(row["turn"] if multi else row["group"]), f"{row['succeeded']}/{row['requests']}",
+                      _ms(row["ttft_median_s"]), _ms(row["ttft_p90_s"]), _num(row["prompt_tokens"]),
+                      _num(row["cached_tokens"]), "–" if row["hit_rate"] is None else f"{row['hit_rate']:.0%}")
+    out.print(table)
+    ratio = report["ttft_last_vs_first"]
+    if ratio is not None:
+        what = f"turn {len(report['per_turn'])} / turn 1" if multi else "later / first"
+        out.print(f"median TTFT {what}: {ratio:.2f}x")
+
+
+def _ms(seconds) -> str:
+    return "–" if seconds is None else f"{1000 * seconds:.1f}"
+
+
+def _num(value) -> str:
+    return "–" if value is None else f"{value:.0f}"
