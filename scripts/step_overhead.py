@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--temperature", type=float, default=0.8)
     args = parser.parse_args()
     torch.set_num_threads(1)
     from specdecode import SpeculativeGenerator
@@ -38,11 +39,11 @@ def main() -> None:
     times = []
     for call in range(args.calls + 1):
         start = time.perf_counter()
-        res = gen.generate(prompts, max_new_tokens=args.tokens, temperature=0.8, seed=call, ignore_eos=True)
+        res = gen.generate(prompts, max_new_tokens=args.tokens, temperature=args.temperature, seed=call, ignore_eos=True)
         elapsed = time.perf_counter() - start
         if call:
             times.append(1000 * elapsed / sum(len(t) for t in res.token_ids))
-    print(f"{statistics.median(times):.3f} ms/token (median of {args.calls}; {args.rows} rows, K={args.k})")
+    print(f"{statistics.median(times):.3f} ms/token (median of {args.calls}; {args.rows} rows, K={args.k}, T={args.temperature})")
 
 
 if __name__ == "__main__":
