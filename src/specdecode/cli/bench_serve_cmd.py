@@ -170,8 +170,8 @@ def _print_chat(report: dict) -> None:
     if report["errors"]:
         out.print("errors: " + ", ".join(f"{k} x{v}" for k, v in report["errors"].items()))
     multi = report["workload"] == "multi-turn"
-    table = Table("turn" if multi else "requests", "ok", "TTFT median (ms)", "TTFT p90 (ms)", "prompt tokens",
-                  "cached tokens", "hit rate")
+    table = Table("turn" if multi else "requests", "ok", "TTFT median", "TTFT p90", "prompt", "cached", "hit rate",
+                  title="TTFT in ms, tokens per request")
     for row in report["per_turn" if multi else "per_group"]:
         table.add_row(str(row["turn"] if multi else row["group"]), f"{row['succeeded']}/{row['requests']}",
                       _ms(row["ttft_median_s"]), _ms(row["ttft_p90_s"]), _num(row["prompt_tokens"]),
