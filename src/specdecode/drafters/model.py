@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from ..backends.base import ModelBackend, caches_prefixes, pad, reusable_prefix
+from ..backends.base import ModelBackend, caches_prefixes, pad
 from ..prefix_cache import PrefixCache
 from ..sampling import BatchSampling, sample_with_uniforms
 from .base import Drafter, Proposal
