@@ -214,6 +214,20 @@ def test_transformers_batch_with_and_without_hits(tiny_pair):
     assert got.token_ids == cold.generate(prompts, max_new_tokens=12, temperature=0).token_ids
 
 
+def test_copies_of_kv_are_bounded_in_bytes(tiny_pair):
+    target, _ = tiny_pair
+    gen = AutoregressiveGenerator(target)
+    gen.set_prefix_cache(10_000)
+    prompts = [_tokens(60, target.config.vocab_size, seed=s) for s in (80, 81, 82)]
+    gen.generate([prompts[0]], max_new_tokens=2)
+    one = gen.prefix_cache.bytes
+    assert one > 0
+    gen.prefix_cache.max_bytes = 2 * one + one // 2
+    for p in prompts[1:]:
+        gen.generate([p], max_new_tokens=2)
+    assert len(gen.prefix_cache.entries) == 2 and gen.prefix_cache.stats.evictions == 1
+
+
 def test_the_switch_and_bad_values(tiny_pair):
     target, _ = tiny_pair
     gen = AutoregressiveGenerator(target)

@@ -20,6 +20,7 @@ import numpy as np
 from .backends.base import caches_prefixes, reusable_prefix
 
 MIN_REUSE = 16  # shorter matches are not worth a copy
+MAX_BYTES = 1 << 30  # KV copies held in memory of their own (transformers) at most; llama.cpp's live in its cache
 
 
 @dataclass(eq=False)  # entries are compared by identity (their tokens are arrays)
@@ -44,9 +45,11 @@ class PrefixCacheStats:
 
 @dataclass
 class PrefixCache:
-    """Parked KV of finished rows for one backend, LRU under max_tokens (tokens held) and the backend's free rows."""
+    """Parked KV of finished rows for one backend, LRU under max_tokens (tokens held), max_bytes (memory of their
+    own, for backends whose handles are copies) and the backend's free rows."""
 
     max_tokens: int = 1 << 16
+    max_bytes: int = MAX_BYTES
     entries: list[_Entry] = field(default_factory=list)
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     _clock: int = 0
@@ -54,6 +57,10 @@ class PrefixCache:
     @property
     def tokens(self) -> int:
         return sum(len(e.tokens) for e in self.entries)
+
+    @property
+    def bytes(self) -> int:
+        return sum(getattr(e.handle, "nbytes", 0) for e in self.entries)
 
     def usable(self, backend) -> bool:
         return self.max_tokens > 0 and caches_prefixes(backend)
@@ -110,7 +117,7 @@ class PrefixCache:
         self._clock += 1
         self.entries.append(_Entry(new, handle, self._clock))
         self.stats.inserted += 1
-        while self.tokens > self.max_tokens:
+        while self.tokens > self.max_tokens or self.bytes > self.max_bytes:
             self._evict()
 
     def clear(self) -> None:

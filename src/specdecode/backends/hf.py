@@ -231,6 +231,7 @@ class _RowKV:
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], length: int):
         self.keys, self.values, self.length = keys, values, length
+        self.nbytes = sum(t.numel() * t.element_size() for t in keys + values)  # what the prefix cache budgets
 
 
 def _eos_ids(model) -> set[int]:
