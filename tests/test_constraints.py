@@ -12,6 +12,7 @@ import statistics
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -358,6 +359,40 @@ def test_padded_vocabulary_ids_are_never_allowed(tokenizer, eos):
     matcher.advance(encode(tokenizer, "fox") + [eos])
     finished = matcher.mask()
     assert finished.shape == (width,) and allowed(finished) == [eos]
+
+
+@pytest.mark.parametrize("extra", [0, 13])
+def test_allowed_tokens_in_every_form_agree_with_the_mask(tokenizer, eos, extra):
+    """The loop reads each position's TokenMask as bool (drafter), as an additive bias (the distributions) and
+    token by token (allows): all three must say what mask() says, padded ids and the finished state included, and
+    scores + bias must be scores.masked_fill(~mask, -inf) bit for bit."""
+    from specdecode.constraints import TokenMask
+
+    width = len(tokenizer) + extra
+    compiler = GrammarCompiler.for_tokenizer(tokenizer, width, eos_token_ids=[eos])
+    matcher = compiler.compile(ConstraintSpec.of(json_schema=INVOICE)).matcher()
+    scores = torch.randn(width)
+    scores[::7] = float("-inf")  # what top-k / top-p leave
+    scores[1::11] = -0.0
+    tokens = encode(tokenizer, compact(ANSWER)) + [eos]
+    for token in tokens + [eos]:
+        mask, form = matcher.mask(), matcher.allowed()
+        assert torch.equal(form.as_bool(), mask) and form.as_bool() is not form.as_bool()
+        bias = form.bias()
+        assert bias.dtype == torch.float32 and bias.shape == (width,)
+        out = np.empty(width, dtype=np.float32)
+        form.write_bias(out)
+        assert torch.equal(torch.from_numpy(out), bias)
+        expected = scores.masked_fill(~mask, float("-inf"))
+        got = scores + bias
+        assert torch.equal(got, expected) and torch.equal(torch.signbit(got), torch.signbit(expected))
+        assert form.empty == (not mask.any())
+        for t in [token, eos, 0, len(tokenizer) - 1, width - 1, width, -1]:
+            assert form.allows(t) == (0 <= t < width and bool(mask[t]))
+        matcher.advance([token])
+    everything = TokenMask.everything(width)
+    assert everything.as_bool().all() and torch.equal(scores + everything.bias(), scores)
+    assert not everything.empty and everything.allows(width - 1)
 
 
 def test_masks_are_independent_tensors(compiler, tokenizer):

@@ -145,3 +145,32 @@ def test_bad_constraints_are_clear_errors_before_any_work(models, tokenizer, pro
         gen.generate([prompt], regex="a", json_schema=SCHEMA)
     with pytest.raises(ValueError, match="tokenizer"):
         SpeculativeGenerator(target, draft, num_speculative_tokens=2).generate([prompt], regex="a")
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (3, 1.0), (0, 0.5)])
+def test_the_additive_mask_warps_exactly_like_masked_fill(top_k, top_p):
+    """BatchSampling applies a grammar's mask by adding its additive form (branch-free): the scores must be those of
+    masked_fill bit for bit, for a bool mask, its additive form and the drafter's mask alike, with greedy rows in
+    the batch, and rows where top-k/top-p cut every allowed token fall back to warping the masked logits."""
+    from specdecode.sampling import BatchSampling, SamplingParams
+
+    torch.manual_seed(0)
+    params = [SamplingParams(0.7, top_k, top_p), SamplingParams(0.0), SamplingParams(1.3, top_k, top_p)]
+    sampling = BatchSampling(params)
+    logits = torch.randn(3, 4, 50)
+    mask = torch.rand(3, 4, 50) < 0.3
+    mask[0, 1] = False
+    mask[0, 1, logits[0, 1].argmin()] = True  # a lone allowed token that top-k / top-p cut: the fallback
+    mask[2, 2] = True
+    additive = sampling.additive(mask)
+    assert additive.dtype == torch.float32 and torch.equal(sampling.additive(additive), additive)
+    ninf = float("-inf")
+    scores = sampling._warp(logits)
+    masked = scores.masked_fill(~mask[[0, 2]], ninf)
+    empty = torch.isneginf(masked).all(dim=-1)
+    expected = torch.where(empty.unsqueeze(-1), sampling._warp(logits.masked_fill(~mask, ninf)), masked)
+    for form in (mask, additive):
+        assert torch.equal(sampling.warp(logits, form), expected)
+        full = sampling.scores(logits, form)
+        assert torch.equal(full[1], logits[1].masked_fill(~mask[1], ninf)) and torch.equal(full[[0, 2]], expected)
+    assert bool(empty.any()) == (top_k > 0 or top_p < 1)

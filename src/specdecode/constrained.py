@@ -12,9 +12,16 @@ from __future__ import annotations
 
 import torch
 
+from .constraints import TokenMask
+
 
 class RowGrammars:
-    """matchers[b]: row b's grammar matcher (constraints.Matcher), or None for a free row."""
+    """matchers[b]: row b's grammar matcher (constraints.Matcher), or None for a free row.
+
+    Each position's allowed tokens are computed once (a constraints.TokenMask, llguidance's bitmask) and handed
+    out in the form the consumer needs: bool [B, V] to the drafter (draft_mask), the additive form (0 / -inf,
+    `scores + bias` = `scores.masked_fill(~mask, -inf)` bit for bit, without masked_fill's per-token branch) to the
+    distributions (bias_for, verify_masks)."""
 
     def __init__(self, matchers: list, vocab_size: int, device=None):
         self.matchers = list(matchers)
@@ -22,8 +29,9 @@ class RowGrammars:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.any = any(m is not None for m in self.matchers)
         self._walked = [0] * len(self.matchers)  # tokens each matcher was advanced along the current draft
-        self._draft_masks: list[list[torch.Tensor]] = [[] for _ in self.matchers]
+        self._draft_masks: list[list[TokenMask]] = [[] for _ in self.matchers]
         self._draft_path: list[list[int]] = [[] for _ in self.matchers]
+        self._handed: tuple | None = None  # (the bool tensor draft_mask last returned, its rows' TokenMasks, bias)
 
     def __len__(self) -> int:
         return len(self.matchers)
@@ -46,21 +54,37 @@ class RowGrammars:
 
     # ------------------------------------------------------------------ masks along a proposal
     def draft_mask(self, i: int, previous: torch.Tensor | None) -> torch.Tensor | None:
-        """[B, V] allowed tokens at draft position i; previous [B]: the drafts at position i - 1 (None at i = 0)."""
+        """[B, V] bool, allowed tokens at draft position i; previous [B]: the drafts at position i - 1 (None at
+        i = 0). bias_for(the returned tensor) gives its additive form."""
         if not self.any:
             return None
         if i == 0:
             self.rewind()
         prev = previous.tolist() if previous is not None and i > 0 else None
         masks = torch.ones(len(self.matchers), self.vocab_size, dtype=torch.bool)
+        rows: list[TokenMask | None] = [None] * len(self.matchers)
         for b, m in enumerate(self.matchers):
             if m is None:
                 continue
             if prev is not None:
                 self._walk(b, prev[b])
-            masks[b] = self._mask(b)
-            self._draft_masks[b].append(masks[b])
-        return masks.to(self.device)
+            rows[b] = self._mask(b)
+            masks[b] = rows[b].as_bool()
+            self._draft_masks[b].append(rows[b])
+        masks = masks.to(self.device)
+        self._handed = (masks, rows, None)
+        return masks
+
+    def bias_for(self, mask: torch.Tensor) -> torch.Tensor | None:
+        """The additive form [B, V] of the bool mask draft_mask last returned (the drafter hands it back to the
+        sampler), made once from the rows' bitmasks; None for any other tensor."""
+        if self._handed is None or mask is not self._handed[0]:
+            return None
+        handed, rows, bias = self._handed
+        if bias is None:
+            bias = self._stack([[r] for r in rows], 1)[:, 0]
+            self._handed = (handed, rows, bias)
+        return bias
 
     def rewind(self) -> None:
         """Undo the drafting walk: matchers back at the rows' emitted tokens."""
@@ -70,17 +94,20 @@ class RowGrammars:
             self._walked[b] = 0
         self._draft_masks = [[] for _ in self.matchers]
         self._draft_path = [[] for _ in self.matchers]
+        self._handed = None
 
     def verify_masks(self, tokens: list[list[int]], k_rows: list[int]) -> tuple[torch.Tensor | None, list[int]]:
-        """Masks [B, K + 1, V] along each row's first k_rows[b] proposed tokens, and k_rows cut before the first
-        token its grammar does not allow (such a draft, from a drafter that ignores grammars, cannot be kept)."""
+        """Masks along each row's first k_rows[b] proposed tokens, in additive form: float32 [B, K + 1, V], -0.0
+        where allowed and -inf elsewhere (what sampling.BatchSampling.scores adds to the logits); and k_rows cut
+        before the first token its grammar does not allow (such a draft, from a drafter that ignores grammars,
+        cannot be kept)."""
         if not self.any:
             return None, k_rows
         drafted = [(list(self._draft_path[b]), list(self._draft_masks[b])) for b in range(len(self.matchers))]
         self.rewind()
         width = max(k_rows, default=0) + 1
-        masks = torch.ones(len(self.matchers), width, self.vocab_size, dtype=torch.bool)
         k_rows = list(k_rows)
+        masks: list[list[TokenMask | None]] = [[None] * width for _ in self.matchers]
         for b, m in enumerate(self.matchers):
             if m is None:
                 continue
@@ -88,10 +115,10 @@ class RowGrammars:
             for j in range(k_rows[b] + 1):
                 # The drafter already computed the masks along its own drafts: reuse them while the path agrees.
                 reuse = j < len(known) and path[:j] == tokens[b][:j]
-                masks[b, j] = known[j] if reuse else self._mask(b)
+                masks[b][j] = known[j] if reuse else self._mask(b)
                 if j == k_rows[b]:
                     break
-                if not masks[b, j, tokens[b][j]]:
+                if not masks[b][j].allows(tokens[b][j]):
                     # Only deterministic drafts can be disallowed (sampled drafts come from the masked q): for
                     # them a disallowed x has p(x) = 0, and the residual of a one-hot draft at p(x) = 0 is p
                     # itself, so stopping the row's drafts here is exactly what the rejection rule would do.
@@ -99,15 +126,28 @@ class RowGrammars:
                     break
                 self._walk(b, tokens[b][j])
         self.rewind()
-        return masks.to(self.device), k_rows
+        return self._stack(masks, width), k_rows
+
+    def _stack(self, masks: list[list[TokenMask | None]], width: int) -> torch.Tensor:
+        """float32 [B, width, V]: each TokenMask's additive form written in place; None (free rows, positions past a
+        row's drafts): -0.0, every token allowed."""
+        out = torch.empty(len(masks), width, self.vocab_size, dtype=torch.float32)
+        view = out.numpy()
+        for b, row in enumerate(masks):
+            for j, mask in enumerate(row):
+                if mask is None:
+                    view[b, j].fill(-0.0)
+                else:
+                    mask.write_bias(view[b, j])
+        return out.to(self.device)
 
     def _walk(self, b: int, token: int) -> None:
         consumed = self.matchers[b].advance([token])
         self._walked[b] += consumed
         self._draft_path[b].append(token)
 
-    def _mask(self, b: int) -> torch.Tensor:
-        mask = self.matchers[b].mask()
+    def _mask(self, b: int) -> TokenMask:
+        mask = self.matchers[b].allowed()
         # A state that allows nothing (a path past the grammar's end) is never sampled from; an all-False row would
         # only turn into NaNs in the distributions of positions that the verification never reaches.
-        return mask if bool(mask.any()) else torch.ones_like(mask)
+        return TokenMask.everything(self.vocab_size) if mask.empty else mask

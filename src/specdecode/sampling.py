@@ -130,19 +130,38 @@ class BatchSampling:
         """Warped scores [S, ..., V] of the sampled rows (logits [B, ..., V] of all rows); float32.
 
         Exactly `warp_logits` applied row by row with each row's own settings. mask [B, ..., V] (a grammar's allowed
-        tokens) is applied after the warping: the constrained distribution is normalise(p * mask). Where the
-        warping left no allowed token (top-k/top-p cut them all) the row falls back to warping the masked logits,
-        the only distribution left that respects the grammar; p and q go through this same function."""
+        tokens: bool, or its additive form, see `additive`) is applied after the warping: the constrained
+        distribution is normalise(p * mask). Where the warping left no allowed token (top-k/top-p cut them all) the
+        row falls back to warping the masked logits, the only distribution left that respects the grammar; p and q
+        go through this same function."""
         scores = self._warp(logits)
         if mask is None:
             return scores
-        allowed = mask[self.sampled_index] if self.any_greedy else mask
-        masked = scores.masked_fill(~allowed, float("-inf"))
-        empty = torch.isneginf(masked).all(dim=-1)
+        bias = self.additive(mask)
+        masked = scores + (bias[self.sampled_index] if self.any_greedy else bias)
+        # all -inf <=> the max is -inf (a NaN row is neither); one reduction instead of isneginf + all
+        empty = masked.amax(dim=-1) == float("-inf")
         if empty.any():
-            fallback = self._warp(logits.masked_fill(~mask, float("-inf")))
+            fallback = self._warp(logits + bias)
             masked = torch.where(empty.unsqueeze(-1), fallback, masked)
         return masked
+
+    def additive(self, mask: torch.Tensor) -> torch.Tensor:
+        """A grammar mask in additive form, float32 [..., V]: -0.0 where allowed, -inf elsewhere, so that
+        `scores + additive(mask)` is `scores.masked_fill(~mask, -inf)` bit for bit (x + -0.0 = x, x + -inf = -inf
+        for finite x), without masked_fill's data-dependent branch per token (0.25-0.6 ms on 152k ids, against
+        ~20 us for the add). A float mask is taken to be in that form already (RowGrammars.verify_masks makes it);
+        the bool mask the rows' grammars gave the drafter comes back with its additive form made once, from the
+        grammar's bitmask; any other bool mask is converted without a branch: -(1/m - 1)."""
+        if mask.is_floating_point():
+            return mask
+        if self.grammars is not None and (bias := self.grammars.bias_for(mask)) is not None:
+            return bias
+        return mask.float().reciprocal_().sub_(1.0).neg_()
+
+    def masked(self, logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """logits (as float32) with what the grammar forbids at -inf; what greedy rows take the argmax of."""
+        return logits if mask is None else logits.float() + self.additive(mask)
 
     def _warp(self, logits: torch.Tensor) -> torch.Tensor:
         scores = logits[self.sampled_index].float() if self.any_greedy else logits.float()
@@ -176,11 +195,11 @@ class BatchSampling:
         """[B, ..., V] scores whose softmax is what each row draws from (its argmax for greedy rows): greedy rows'
         logits as they are, sampled rows' warped; both masked by the grammar. Verification and logprobs read these."""
         if self.all_greedy:
-            return logits if mask is None else logits.float().masked_fill(~mask, float("-inf"))
+            return self.masked(logits, mask)
         sampled = self.warp(logits, mask)
         if not self.any_greedy:
             return sampled
-        out = logits.float() if mask is None else logits.float().masked_fill(~mask, float("-inf"))
+        out = logits.float() if mask is None else self.masked(logits, mask)
         return out.index_put((self.sampled_index,), sampled)  # out of place: logits may be the model's own tensor
 
     def draft_mask(self, i: int, previous: torch.Tensor | None) -> torch.Tensor | None:
@@ -307,7 +326,11 @@ def sample_with_uniforms(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     cdf = probs.double().cumsum(dim=-1)
     target = (u.double() * cdf[..., -1]).unsqueeze(-1)
     token = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    # u * total can round up to total: fall back to the last token of positive probability
+    # Below the total, the first cdf entry above the target is a step, a token of positive probability. u * total
+    # can round up to total: only then fall back to the last token of positive probability (a pass over the
+    # vocabulary, ~0.2 ms on 152k ids: skipped on the CPU when no row needs it; elsewhere the check would be a sync).
+    if probs.device.type == "cpu" and bool((target < cdf[..., -1:]).all()):
+        return token
     last_positive = (probs > 0).long().cumsum(-1).argmax(-1)
     return torch.minimum(token, last_positive)
 

@@ -123,7 +123,7 @@ class ModelDrafter(Drafter):
             logits = self.backend.forward(ids, valid, last_only=True)[:, -1]
             self.forward_calls += 1
             mask = sampling.draft_mask(i, token)  # the rows' grammars, followed along their own drafts
-            token = torch.argmax(logits if mask is None else logits.masked_fill(~mask, float("-inf")), dim=-1)
+            token = torch.argmax(sampling.masked(logits, mask), dim=-1)  # additive mask: branch-free
             if not sampling.all_greedy:
                 q = sampling.probs(logits) if mask is None else sampling.probs(logits, mask)
                 token[sampled] = sample_with_uniforms(q, uniforms[sampled, i])
