@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from specdecode.bench.methods import DEFAULT_METHODS, METHODS, REGISTRY, BenchMethod, default_methods, plain_of
 from specdecode.bench.prompts import BUILTIN_SETS, load_builtin, parse_prompts
+from specdecode.bench.units import Unit
 from specdecode.bench.validity import minimal_error, output_error, validity
 
 SMOL = "smollm2-135m-instruct"
@@ -155,6 +156,38 @@ def test_bench_runs_ours_under_each_prompts_schema(tiny_model_dirs):
         assert block["new_tokens_per_prompt"][0] < 40 and not any(
             f["row"] % 2 == 0 for f in block["json"]["failures"]), name
     assert report["methods"]["specdecode"]["token_sources"]["proposed"] > 0
+
+
+def test_bench_runs_ours_unconstrained_on_the_json_prompts_when_asked(tiny_model_dirs):
+    """The baseline of "ours under the schema vs ours without it": the same prompts decoded as free text until the
+    end-of-generation token (not a fixed length), their texts checked like the others; only when named."""
+    from specdecode.bench.runner import Bench, BenchSettings
+    from specdecode.bench.workload import encode_prompts
+    from specdecode.models.loading import load_model
+
+    assert "specdecode-unconstrained" not in default_methods(True)
+    assert plain_of("specdecode-unconstrained") == "specdecode-plain-unconstrained"
+    target = load_model(tiny_model_dirs["target"], threads=1, progress=False)
+    draft = load_model(tiny_model_dirs["draft"], threads=1, progress=False)
+    prompt_ids = encode_prompts(target.tokenizer, ["Is it ok? Answer in JSON."], True)
+    methods = ("specdecode", "specdecode-plain-unconstrained", "specdecode-unconstrained")
+    settings = BenchSettings(ks=[2], max_new_tokens=12, runs=1, warmup=0, cost_repeats=1, methods=methods)
+    free = BenchSettings(ks=[2], max_new_tokens=12, runs=1, warmup=0, cost_repeats=1,
+                         methods=("specdecode", "specdecode-unconstrained"))  # named, on a workload without schemas
+    runner = Bench(target, draft, prompt_ids, settings, schemas=[TINY_SCHEMA])
+    assert runner.methods == ("specdecode", "specdecode-plain-unconstrained", "specdecode-unconstrained")
+    assert "runs only on a workload with JSON schemas" in Bench(target, draft, prompt_ids, free).skipped[
+        "specdecode-unconstrained"]
+    report = runner.run()
+    blocks = report["methods"]
+    for name in methods[1:]:
+        block = blocks[name]
+        assert block["token_sources"]["forced"] == 0 and block["json"]["outputs"] == 1
+        assert "specdecode" in block["speedup_vs"]
+    unconstrained = runner.runners["specdecode-unconstrained"].run(Unit("specdecode-unconstrained", 0.0, 2),
+                                                                     runner.batches, 0)
+    expected = runner.ctx.spec[2].generate(prompt_ids, max_new_tokens=12, temperature=0.0, seed=0)
+    assert unconstrained.texts == expected.texts and unconstrained.per_prompt_tokens == [len(expected.token_ids[0])]
 
 
 def test_bench_command_on_the_json_set_runs_the_structured_methods(tiny_model_dirs, tmp_path):

@@ -127,7 +127,7 @@ def bench_report(bench, measured: dict, costs: dict, elapsed: float) -> dict:
                    "lengths": LENGTHS if bench.ctx.schemas is None else JSON_LENGTHS,
                    "workload": "free text" if bench.ctx.schemas is None else "json_schema",
                    "json_validator": validator_name() if bench.ctx.schemas is not None else None,
-                   "skipped": {m: why for m, why in bench.skipped.items() if m in s.methods},
+                   "skipped": dict(bench.skipped),
                    "llamacpp": llama_config(bench)},
         "costs": costs,
         "sweep": sweep,

@@ -81,11 +81,12 @@ class Bench:
             lookup=isinstance(draft, PromptLookupDrafter), hf_target=transformers_model(peer_target or target),
             hf_draft=transformers_model(peer_draft or draft) if draft is not None else None, llama=llama,
             llama_ctx=llama_context(prompt_ids, settings.max_new_tokens, extra), schemas=schemas)
-        self.skipped = {name: why for name, cls in REGISTRY.items() if (why := cls.left_out(self.ctx))}
+        # the methods asked for that cannot run here, and why
+        self.skipped = {name: why for name, cls in REGISTRY.items()
+                        if name in settings.methods and (why := cls.left_out(self.ctx))}
         chosen = [m for m in REGISTRY if m in settings.methods and m not in self.skipped]  # canonical order
         if not chosen:
-            raise ValueError("no method left to run: " + "; ".join(f"{m}: {why}" for m, why in self.skipped.items()
-                                                                     if m in settings.methods))
+            raise ValueError("no method left to run: " + "; ".join(f"{m}: {why}" for m, why in self.skipped.items()))
         self.methods = tuple(chosen)
         self.runners: dict[str, BenchMethod] = {}
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import OptionError
-from .methods import METHODS
+from .methods import ALL_BUT_ON_REQUEST, METHODS
 from .units import AUTO
 
 
@@ -18,7 +18,7 @@ class BenchSettings:
     warmup: int = 1
     top_k: int = 0
     top_p: float = 1.0
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = ALL_BUT_ON_REQUEST  # every method but those run only when named (on_request)
     seed: int = 0
     method: str = "leviathan"  # our rejection sampler
     cost_repeats: int = 3

@@ -85,7 +85,10 @@ def bench(
     with --llama-speculative PATH, llama.cpp's llama-speculative binary.
     With JSON schemas (--prompts json): ours under each prompt's schema
     and llamacpp-json-schema (llama-cpp-python's grammar), with the
-    validity of every output. Runs are interleaved after a warm-up. Reports tokens/s, ms/token,
+    validity of every output; specdecode-unconstrained and
+    specdecode-plain-unconstrained (only when named) decode the same
+    prompts without their schemas, until the end-of-generation token.
+    Runs are interleaved after a warm-up. Reports tokens/s, ms/token,
     speedups, acceptance, the measured cost ratio c and verification cost v,
     and the theoretical speedup next to the measured one (fixed K).
 
@@ -200,10 +203,12 @@ def _print_bench(report: dict) -> None:
             + (f", top-p {config['top_p']:g}" if config["top_p"] < 1 else "")
         speed = Table(title=f"throughput, {title}", title_justify="left")
         present = {name for c in configs for name in c["methods"]}
-        peers = [p for p in ("hf-plain", "llamacpp-plain") if p in present]
+        peers = [p for p in ("hf-plain", "llamacpp-plain", "llamacpp-json-schema") if p in present]
         structured = config.get("workload") == "json_schema"
+        free = structured and any(n.endswith(UNCONSTRAINED) for n in present)  # ours without the schemas ran too
         for name in ("method", "K", "tok/s", "mean ± std", "ms/tok", "× ours plain", *[f"× {p}" for p in peers],
-                     "× hf-assisted", *(("valid JSON", "forced / drafted / sampled") if structured else ())):
+                     "× hf-assisted", *(("× unconstrained",) if free else ()),
+                     *(("valid JSON", "forced / drafted / sampled") if structured else ())):
             speed.add_column(name, justify="left" if name == "method" else "right", no_wrap=True)
         shown = set()
         for c in configs:
@@ -219,6 +224,7 @@ def _print_bench(report: dict) -> None:
                               f"{rate(block['tokens_per_second_mean'])} ± {rate(block['tokens_per_second_std'])}",
                               rate(block["ms_per_token"]), ratio("specdecode-plain"), *[ratio(p) for p in peers],
                               ratio("hf-assisted") if spec else "",
+                              *((ratio(name + UNCONSTRAINED),) if free else ()),
                               *((_validity(block), _sources(block)) if structured else ()))
                 if not block["lengths_match"]:
                     err.print(f"[yellow]warning:[/] {name} made {block['new_tokens_per_prompt']} tokens per prompt, "
@@ -277,6 +283,9 @@ def _print_bench(report: dict) -> None:
                   "[bold red]SANITY FAIL[/]: with draft = target and greedy decoding every draft should be accepted; "
                   "rare rejections can come from floating-point near-ties between a 1-token and a (K+1)-token "
                   "forward, many point to a bug")
+
+
+UNCONSTRAINED = "-unconstrained"  # the suffix of our methods that decode the json prompts without their schemas
 
 
 def _validity(block: dict) -> str:

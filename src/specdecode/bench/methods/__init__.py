@@ -16,11 +16,14 @@ from .llamacpp_prompt_lookup import LlamaCppPromptLookup
 from .llamacpp_speculative import LlamaSpeculative
 from .specdecode import SpecDecode
 from .specdecode_plain import SpecDecodePlain
+from .specdecode_unconstrained import SpecDecodePlainUnconstrained, SpecDecodeUnconstrained
 
 REGISTRY: dict[str, type[BenchMethod]] = {cls.name: cls for cls in (
     SpecDecodePlain, SpecDecode, HFPlain, HFAssisted, LlamaCppPlain, LlamaCppPromptLookup, LlamaCppJsonSchema,
-    LlamaSpeculative)}
+    SpecDecodePlainUnconstrained, SpecDecodeUnconstrained, LlamaSpeculative)}
 METHODS = tuple(REGISTRY)
+# BenchSettings' default methods: all but those that run only when named
+ALL_BUT_ON_REQUEST = tuple(name for name, cls in REGISTRY.items() if not cls.on_request)
 
 
 def default_methods(structured: bool = False) -> tuple[str, ...]:
@@ -39,4 +42,5 @@ def plain_of(name: str) -> str | None:
     return cls.plain if cls is not None else None
 
 
-__all__ = ["BenchContext", "BenchMethod", "DEFAULT_METHODS", "METHODS", "REGISTRY", "default_methods", "plain_of"]
+__all__ = ["ALL_BUT_ON_REQUEST", "BenchContext", "BenchMethod", "DEFAULT_METHODS", "METHODS", "REGISTRY",
+           "default_methods", "plain_of"]

@@ -83,7 +83,8 @@ class BenchMethod(ABC):
     it decodes with: ours (any backend), transformers' (our target, or stock copies of it: --peer-models) or
     llama.cpp's (the target's GGUF file; the report then describes llama.cpp's setup); structured: it decodes
     under each prompt's JSON schema (a workload with schemas runs only such methods); structured_only: it runs
-    only on such a workload.
+    only on such a workload; on_request: left out of a Bench whose settings do not name it (BenchSettings' default
+    methods are the others).
     """
 
     name: ClassVar[str]
@@ -94,6 +95,7 @@ class BenchMethod(ABC):
     runs_on: ClassVar[str] = OURS
     structured: ClassVar[bool] = False
     structured_only: ClassVar[bool] = False
+    on_request: ClassVar[bool] = False
 
     def __init__(self, ctx: BenchContext):
         self.ctx = ctx

@@ -10,25 +10,29 @@ from .base import BenchMethod
 
 
 def run_ours(generator, batches: list[list[list[int]]], max_new_tokens: int, temperature: float, top_k: int,
-             top_p: float, seed: int, json_schemas: list[list[dict]] | None = None) -> Measurement:
+             top_p: float, seed: int, json_schemas: list[list[dict]] | None = None,
+             until_eos: bool | None = None) -> Measurement:
     """Our generator on each batch (its rows decoded together). Free text: every row makes exactly max_new_tokens
     tokens (ignore_eos=True). json_schemas (each batch's rows' schemas): each row follows its schema and stops at
-    the end of its JSON value (its end-of-generation token counted, as llama.cpp's is), its text kept."""
+    the end of its JSON value (its end-of-generation token counted, as llama.cpp's is), its text kept.
+    until_eos (default: with schemas): rows stop at their end-of-generation token and their texts are kept, also
+    without schemas (the json workload's prompts decoded as free text)."""
     from ..stats import merge_stats
 
+    until_eos = json_schemas is not None if until_eos is None else until_eos
     per_tokens, per_seconds, all_stats, texts = [], [], [], []
     for i, rows in enumerate(batches):
         schemas = json_schemas[i] if json_schemas is not None else None
         t0 = time.perf_counter()
         result = generator.generate([list(r) for r in rows], max_new_tokens=max_new_tokens, temperature=temperature,
-                                    top_k=top_k, top_p=top_p, seed=seed + i, ignore_eos=schemas is None,
+                                    top_k=top_k, top_p=top_p, seed=seed + i, ignore_eos=not until_eos,
                                     json_schema=schemas)
         per_seconds.append(time.perf_counter() - t0)
         per_tokens += [len(t) for t in result.token_ids]
         all_stats.append(result.stats)
         texts += result.texts or []
     return Measurement(sum(per_tokens), sum(per_seconds), per_tokens, per_seconds, stats=merge_stats(all_stats),
-                       texts=texts if json_schemas is not None else None)
+                       texts=texts if until_eos else None)
 
 
 def ours_report(runs: list[Measurement], structured: bool = False) -> dict:
