@@ -187,11 +187,15 @@ def test_transformers_cached_prefix_equals_a_cold_prefill(tiny_pair):
         assert np.allclose(got.logprobs[0], want.logprobs[0], atol=1e-5)
 
 
-def test_transformers_draft_cache_and_sampled_rows(tiny_pair):
+def _speculative_pair(tiny_pair):
+    """(warm, cold, vocab): K = 3 generators on the tiny pair, with and without the prefix cache."""
     target, draft = tiny_pair
-    vocab = target.config.vocab_size
     warm = SpeculativeGenerator(target, draft, num_speculative_tokens=3, prefix_cache_tokens=10_000)
-    cold = SpeculativeGenerator(target, draft, num_speculative_tokens=3)
+    return warm, SpeculativeGenerator(target, draft, num_speculative_tokens=3), target.config.vocab_size
+
+
+def test_transformers_draft_cache_and_sampled_rows(tiny_pair):
+    warm, cold, vocab = _speculative_pair(tiny_pair)
     system = _tokens(100, vocab, seed=70)
     warm.generate([system], max_new_tokens=4, temperature=0.8, seed=1)
     prompt = system + _tokens(7, vocab, seed=71)
@@ -201,10 +205,7 @@ def test_transformers_draft_cache_and_sampled_rows(tiny_pair):
 
 
 def test_transformers_batch_with_and_without_hits(tiny_pair):
-    target, draft = tiny_pair
-    vocab = target.config.vocab_size
-    warm = SpeculativeGenerator(target, draft, num_speculative_tokens=3, prefix_cache_tokens=10_000)
-    cold = SpeculativeGenerator(target, draft, num_speculative_tokens=3)
+    warm, cold, vocab = _speculative_pair(tiny_pair)
     system = _tokens(64, vocab, seed=50)
     warm.generate([system], max_new_tokens=4, temperature=0)
     prompts = [system + [5, 6], _tokens(20, vocab, seed=51), system[:40] + [9] * 5]

@@ -79,7 +79,9 @@ class SpeculativeGenerator:
     or a fixed K. method: "leviathan" (Algorithm 1, vectorised) or "chen" (Algorithm 2, the sequential loop).
     vocab_size: the shared vocabulary, needed only when two bare models without tokenizers have embedding
     matrices of different sizes. timing: time each phase (draft, verify); on a GPU this costs a host sync per
-    phase, so there it is off unless asked for (the policy then learns whole-step costs).
+    phase, so there it is off unless asked for (the policy then learns whole-step costs). prefix_cache_tokens: keep
+    up to this many tokens of finished rows' KV and start new prompts that begin the same from a copy of it
+    (prefix_cache.py; 0: off; a llama.cpp backend needs max_rows above the batch for the parked prefixes).
     """
 
     provenance_of_last = ("resampled", "bonus")

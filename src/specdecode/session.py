@@ -410,7 +410,8 @@ class DecodingSession:
         if self.prefix_cache is None:
             self.target.select_rows(keep)
             return
-        gone = [i for i in range(len(self.active)) if i not in set(keep)]
+        kept = set(keep)
+        gone = [i for i in range(len(self.active)) if i not in kept]
         held = self.target.lengths
         for i, handle in zip(gone, self.target.park(gone)):
             row = self.active[i]

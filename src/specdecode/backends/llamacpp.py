@@ -279,6 +279,8 @@ class LlamaCppBackend:
         (llama-cpp-python's own chunks), so a row that starts from a cached prefix runs the same forwards as a
         cold one from its next multiple of n_batch on."""
         n_batch = self._shared.n_batch
+        if len(rows) == 1:  # a plain step of one row: one call, nothing to cut
+            return [slice(0, len(rows))]
         cuts = {0}
         if self.max_tokens_per_forward is not None:
             cuts.update(np.flatnonzero(np.diff(rows, prepend=-1)).tolist())

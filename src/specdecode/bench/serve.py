@@ -24,20 +24,26 @@ PERCENTILES = (50, 90, 99)
 
 
 @dataclass
-class ServeBenchSettings:
+class ClientSettings:
+    """What every workload's client sends and how long it waits: the request body's sampling fields, the server."""
+
     url: str  # the server's base URL, e.g. http://127.0.0.1:8000 (with or without /v1)
-    prompts: Sequence[str]
-    num_requests: int = 100
-    concurrency: int | None = None  # fixed concurrency (8 when neither it nor a rate is given)
-    rate: float | None = None  # Poisson arrivals, requests per second
     max_tokens: int = 64
     temperature: float = 0.0
     model: str | None = None
     api_key: str | None = None
     timeout_s: float = 120.0  # per request
     duration_s: float | None = None  # stop sending new requests after this long
-    seed: int = 0
     ignore_eos: bool = False  # ask the server to run to max_tokens (our server's extension; others ignore it)
+
+
+@dataclass(kw_only=True)
+class ServeBenchSettings(ClientSettings):
+    prompts: Sequence[str]
+    num_requests: int = 100
+    concurrency: int | None = None  # fixed concurrency (8 when neither it nor a rate is given)
+    rate: float | None = None  # Poisson arrivals, requests per second
+    seed: int = 0
 
     def __post_init__(self):
         if self.concurrency is not None and self.rate is not None:

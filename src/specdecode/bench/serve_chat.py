@@ -26,7 +26,7 @@ from importlib import resources
 from typing import Sequence
 
 from .prompts import parse_prompts
-from .serve import (RequestRecord, closed_loop, make_client, percentiles, request_row, sampling_body,
+from .serve import (ClientSettings, RequestRecord, closed_loop, make_client, percentiles, request_row, sampling_body,
                     stream_request, totals)
 
 WORKLOADS = ("multi-turn", "shared-system")
@@ -42,8 +42,7 @@ def builtin_questions() -> list[str]:
 
 
 @dataclass
-class ChatBenchSettings:
-    url: str  # the server's base URL (with or without /v1)
+class ChatBenchSettings(ClientSettings):
     workload: str = "multi-turn"
     questions: Sequence[str] = ()  # the user messages, cycled (empty: the built-in ones)
     system_prompt: str | None = None  # None: the built-in one
@@ -51,13 +50,6 @@ class ChatBenchSettings:
     turns: int = 5  # multi-turn: requests of each chat, one after another
     num_requests: int = 16  # shared-system: requests in all, the first one alone
     concurrency: int = 4  # shared-system: clients sending the later requests
-    max_tokens: int = 64
-    temperature: float = 0.0
-    model: str | None = None
-    api_key: str | None = None
-    timeout_s: float = 120.0  # per request
-    duration_s: float | None = None  # send no new request after this long
-    ignore_eos: bool = False  # our server's extension: run every answer to max_tokens
     run_id: str = field(default_factory=lambda: secrets.token_hex(4))  # the tag that keeps runs apart
 
     def __post_init__(self):

@@ -138,7 +138,10 @@ class ModelDrafter(Drafter):
 
     def update(self, emitted: list[list[int]], kept: list[int], hidden=None) -> None:
         k = self._proposed
-        self._history = [h + e if h is not None else None for h, e in zip(self._history, emitted)]
+        if self.prefix_cache is not None:  # what a leaving row parks; in place: no copy of the history per step
+            for h, e in zip(self._history, emitted):
+                if h is not None:
+                    h.extend(e)
         if k == 0:  # nothing was fed: the new tokens just queue up
             self._pending = [p + e for p, e in zip(self._pending, emitted)]
             return
