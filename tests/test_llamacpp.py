@@ -405,6 +405,28 @@ def test_auto_falls_back_to_transformers_when_llama_cpp_is_missing(tiny_gguf, ti
 
 
 # ---------------------------------------------------------------------------------------------- prepare_gguf
+def test_a_built_in_draft_is_prepared_in_a_second_process_while_the_target_loads(smol_path, tmp_path, monkeypatch):
+    import multiprocessing
+
+    from specdecode.models.locate import locate_model
+    from specdecode.pair import DEFAULT_TARGET, ModelOptions, draft_prepared_alongside
+
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))  # the child inherits it
+    monkeypatch.setattr(prepare, "_extract_tokenizer", lambda *a: pytest.fail("built here, not in the child"))
+    opts = ModelOptions(target=DEFAULT_TARGET, draft=SMOL, backend="llamacpp")
+    assert not locate_model(SMOL, "llamacpp").prepared
+    with draft_prepared_alongside(opts):
+        pass  # the target's load would run here; leaving waits for the draft
+    location = locate_model(SMOL, "llamacpp")
+    assert location.prepared and location.path == smol_path
+    assert (registry.tokenizer_path(SMOL) / "tokenizer_config.json").is_file()
+    monkeypatch.setattr(multiprocessing, "get_context", lambda *a: pytest.fail("a prepared draft starts nothing"))
+    for ready in (opts, ModelOptions(target=SMOL, draft=SMOL), ModelOptions(draft="prompt-lookup"),
+                  ModelOptions(draft=None)):
+        with draft_prepared_alongside(ready):
+            pass
+
+
 def test_prepare_gguf_joins_split_models_once_and_checks_them(tiny_gguf, tmp_path, monkeypatch):
     import dataclasses
     import hashlib

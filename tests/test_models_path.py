@@ -51,7 +51,12 @@ def test_llamacpp_path_is_the_gguf_file(fake_gguf):
     assert result.stdout.strip() == str(gguf)
     assert (f"note: {NAME} is not prepared yet for the llamacpp backend (GGUF file); its first use prepares it, or "
             f"run: specdecode models prepare {NAME} --backend llamacpp") in result.stderr
-    prepare._write_stamp(info, gguf)  # what the first use leaves once the file's sha256 is checked
+    prepare._write_stamp(info, gguf)  # the file's sha256 checked, but no tokenizer built from it yet
+    assert "not prepared" in ok("models", "path", NAME, "--backend", "llamacpp").stderr
+    tokenizer = registry.tokenizer_path(NAME)  # and the tokenizer built from it, as the first use leaves it
+    tokenizer.mkdir(parents=True)
+    (tokenizer / "tokenizer_config.json").write_text("{}")
+    prepare._write_marker(tokenizer, info, contents="tokenizer")
     checked = ok("models", "path", NAME, "--backend", "llamacpp")
     assert checked.stdout.strip() == str(gguf) and "not prepared" not in checked.stderr
 

@@ -10,6 +10,8 @@ the option. Presentation is the caller's: a progress callback for preparing buil
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
 from dataclasses import dataclass
 
@@ -170,7 +172,55 @@ def lookup_drafter(opts: ModelOptions):
 def load_pair(opts: ModelOptions, rows: int = 1, progress=None):
     """(target, draft or None) after check_options. rows: rows decoded at once (a server's max batch size)."""
     check_options(opts)
-    return load_target(opts, rows, progress), load_draft(opts, rows, progress)
+    with draft_prepared_alongside(opts):
+        target = load_target(opts, rows, progress)
+    return target, load_draft(opts, rows, progress)
+
+
+@contextlib.contextmanager
+def draft_prepared_alongside(opts: ModelOptions):
+    """Prepare a built-in draft that is not prepared yet in a second process while the body (the target's load)
+    runs. A first run joins and checks each model's GGUF and builds its tokenizer from it, about 15 s of
+    single-threaded Python per model on the default pair, so with two cores both are ready in the time of one.
+    Any failure there is left to load_draft, which prepares again (under the same lock) and says what is wrong."""
+    location = _unprepared_draft(opts)
+    if location is None:
+        yield
+        return
+    process = multiprocessing.get_context("spawn").Process(target=_prepare_quietly, args=(location,), daemon=True)
+    process.start()
+    try:
+        yield
+    finally:
+        process.join()  # never killed halfway: it cleans up its own partial files
+
+
+def _unprepared_draft(opts: ModelOptions):
+    """The draft's ModelLocation when it is a built-in model, other than the target, that is not prepared yet for
+    the CPU backend that will load it; None otherwise (nothing to do alongside)."""
+    from .models import registry
+
+    cpu = opts.device_map is None and opts.device == "cpu"
+    if not (cpu and opts.has_draft and not opts.draft_is_lookup and registry.is_registered(opts.draft)):
+        return None
+    from .models.locate import locate_model
+
+    location = locate_model(opts.draft, opts.backend)
+    same = registry.is_registered(opts.target) and registry.lookup(opts.target).name == location.name
+    return None if location.prepared or same else location
+
+
+def _prepare_quietly(location) -> None:
+    """The second process: its output would tear the caller's display, and its errors are load_draft's to tell."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.environ["TQDM_DISABLE"] = "1"
+    from .models.convert import quiet_transformers
+    from .models.locate import prepare_location
+
+    with contextlib.suppress(Exception), quiet_transformers():
+        prepare_location(location)
 
 
 def make_generator(target, draft, k=AUTO, method: str = "leviathan"):

@@ -145,14 +145,15 @@ def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] 
     (default: on a terminal) prints the backend each model runs on. quiet: neither, and no progress either.
     rows: rows decoded at once (a server's --max-batch-size).
     """
-    from ..pair import LOOKUP_DRAFTS, check_options, load_draft, load_target
+    from ..pair import LOOKUP_DRAFTS, check_options, draft_prepared_alongside, load_draft, load_target
 
     check_options(opts)
     quiet_transformers()
     announce = (err.is_terminal if announce is None else announce) and not quiet
     status = err.status if not quiet and err.is_terminal else _no_status
     start = time.perf_counter()
-    with status(f"loading target {opts.target}"), prepare_progress(not quiet) as progress:
+    with (status(f"loading target {opts.target}"), prepare_progress(not quiet) as progress,
+          draft_prepared_alongside(opts)):
         target = load_target(opts, rows, progress)
     if announce:
         _announce("target", opts.target, target, time.perf_counter() - start)

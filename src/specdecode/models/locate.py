@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import registry
 from .loading import AUTO_BACKEND, LoadOptions, choose_backend
-from .prepare import _gguf_location, _stamp_matches, prepare_gguf, prepare_model  # the GGUF's rules, not copies
+from .prepare import _gguf_location, _stamp_matches, prepare_gguf, prepare_model, tokenizer_prepared  # the GGUF's rules
 
 GGUF_BACKENDS = ("llamacpp",)  # the backends that run the GGUF itself; every other one loads the converted copy
 
@@ -24,7 +24,7 @@ class ModelLocation:
     name: str
     backend: str  # the backend that would load the model
     path: Path  # the GGUF file (llama.cpp) or the converted Hugging Face directory (transformers, static)
-    prepared: bool  # joined and checked (GGUF) or converted (directory): loading does no preparation first
+    prepared: bool  # joined and checked with its tokenizer built (GGUF) or converted (directory): loading prepares nothing
 
     @property
     def form(self) -> str:
@@ -37,7 +37,7 @@ def locate_model(name: str, backend: str = AUTO_BACKEND) -> ModelLocation:
     chosen = choose_backend(info.name, backend, LoadOptions()).name
     if chosen in GGUF_BACKENDS:
         path = _gguf_location(info)
-        return ModelLocation(info.name, chosen, path, _stamp_matches(info, path))
+        return ModelLocation(info.name, chosen, path, _stamp_matches(info, path) and tokenizer_prepared(info))
     return ModelLocation(info.name, chosen, registry.model_path(info.name), registry.is_cached(info.name))
 
 

