@@ -184,6 +184,9 @@ def test_bench_runs_ours_unconstrained_on_the_json_prompts_when_asked(tiny_model
         block = blocks[name]
         assert block["token_sources"]["forced"] == 0 and block["json"]["outputs"] == 1
         assert "specdecode" in block["speedup_vs"]
+    ours = blocks["specdecode"]  # against ours without the schemas: also after the prefill, from the same stats
+    decode = ours["decode_speedup_vs"]["specdecode-unconstrained"]
+    assert decode == ours["decode_tokens_per_second"] / blocks["specdecode-unconstrained"]["decode_tokens_per_second"]
     unconstrained = runner.runners["specdecode-unconstrained"].run(Unit("specdecode-unconstrained", 0.0, 2),
                                                                      runner.batches, 0)
     expected = runner.ctx.spec[2].generate(prompt_ids, max_new_tokens=12, temperature=0.0, seed=0)

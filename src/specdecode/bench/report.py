@@ -69,6 +69,11 @@ def sweep_config(bench, temperature: float, k, measured: dict, costs: dict) -> d
         block["speedup_vs"] = {other: (block["tokens_per_second"] / b["tokens_per_second"]
                                        if b["tokens_per_second"] else None)
                                for other, b in blocks.items() if other != name}
+        # Ours against ours: the same rate after the prefill, because an answer under a schema and one without it
+        # differ in length, and end to end a longer answer spreads the same prefill over more tokens.
+        block["decode_speedup_vs"] = {other: block["decode_tokens_per_second"] / b["decode_tokens_per_second"]
+                                      for other, b in blocks.items() if other != name
+                                      and block.get("decode_tokens_per_second") and b.get("decode_tokens_per_second")}
     theory = next((t for m in bench.runners.values() if (t := m.theory(k, blocks, costs)) is not None), None)
     return {"k": k, "temperature": temperature, "methods": blocks, "theory": theory}
 

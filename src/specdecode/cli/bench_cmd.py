@@ -207,7 +207,7 @@ def _print_bench(report: dict) -> None:
         structured = config.get("workload") == "json_schema"
         free = structured and any(n.endswith(UNCONSTRAINED) for n in present)  # ours without the schemas ran too
         for name in ("method", "K", "tok/s", "mean ± std", "ms/tok", "× ours plain", *[f"× {p}" for p in peers],
-                     "× hf-assisted", *(("× unconstrained",) if free else ()),
+                     "× hf-assisted", *(("× unconstrained", "decode × unconstr.") if free else ()),
                      *(("valid JSON", "forced / drafted / sampled") if structured else ())):
             speed.add_column(name, justify="left" if name == "method" else "right", no_wrap=True)
         shown = set()
@@ -224,7 +224,8 @@ def _print_bench(report: dict) -> None:
                               f"{rate(block['tokens_per_second_mean'])} ± {rate(block['tokens_per_second_std'])}",
                               rate(block["ms_per_token"]), ratio("specdecode-plain"), *[ratio(p) for p in peers],
                               ratio("hf-assisted") if spec else "",
-                              *((ratio(name + UNCONSTRAINED),) if free else ()),
+                              *((ratio(name + UNCONSTRAINED), _decode_ratio(block, name + UNCONSTRAINED))
+                                if free else ()),
                               *((_validity(block), _sources(block)) if structured else ()))
                 if not block["lengths_match"]:
                     err.print(f"[yellow]warning:[/] {name} made {block['new_tokens_per_prompt']} tokens per prompt, "
@@ -266,7 +267,8 @@ def _print_bench(report: dict) -> None:
     out.print("accept = accepted / proposed drafts; tok/step = tokens per target verification (hf-assisted: from "
               "forward-call counts). measured × = vs the same library's plain decoding. expected × = "
               "(1−α^(K+1)) / ((1−α)(Kc+1)) (Leviathan et al.), expected × (v) = (1−α^(K+1)) / ((1−α)(Kc+v)), "
-              "with α = acceptance of the first draft of a step. Throughput is end to end (prefill included).")
+              "with α = acceptance of the first draft of a step. Throughput is end to end (prefill included); "
+              "decode × unconstr. compares ours with and without the schemas after the prefill.")
     for rec in report["recommended"]["by_temperature"]:
         if rec["k"] is None:
             continue
@@ -286,6 +288,12 @@ def _print_bench(report: dict) -> None:
 
 
 UNCONSTRAINED = "-unconstrained"  # the suffix of our methods that decode the json prompts without their schemas
+
+
+def _decode_ratio(block: dict, other: str) -> str:
+    """Ours against ours after the prefill (answers with and without a schema differ in length)."""
+    value = block.get("decode_speedup_vs", {}).get(other)
+    return f"{value:.2f}×" if value else ""
 
 
 def _validity(block: dict) -> str:
