@@ -7,7 +7,8 @@ ends) or Poisson arrivals at `rate` requests/s (exponential gaps, from a seeded 
 between chunks (inter-token latency, a chunk of n tokens counting its gap / n, n times, when the server reports
 usage) and the end-to-end latency. The report: request throughput, output tokens/s, p50/p90/p99 of each latency,
 the errors by status; as JSON and, optionally, a matplotlib figure. The chat workloads (multi-turn, shared system
-prompt) are in serve_chat.py and share this module's streaming, client, loop and report helpers.
+prompt) are in serve_chat.py, the iterative-editing one in serve_edit.py; they share this module's streaming,
+client, loop and report helpers.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class RequestRecord:
     text: str = ""
     prompt_tokens: int | None = None  # from the server's usage (None: it reported none)
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens: prompt tokens served from a cache
+    last_token_s: float | None = None  # from sending to the last chunk with text (the decode rate's end)
+    speculative: dict | None = None  # the usage chunk's "speculative" statistics (our server's extension)
 
     @property
     def ok(self) -> bool:
@@ -125,7 +128,7 @@ async def stream_request(http, path: str, body: dict, record: RequestRecord) -> 
                     record.error = str(data["error"].get("message", data["error"]))
                     break
                 if data.get("usage"):
-                    usage = data["usage"]
+                    usage, record.speculative = data["usage"], data.get("speculative")
                 text = _chunk_text(data)
                 if not text:
                     continue
@@ -140,6 +143,7 @@ async def stream_request(http, path: str, body: dict, record: RequestRecord) -> 
         record.error = f"{type(exc).__name__}: {exc}"
         return record
     record.latency_s = time.perf_counter() - start
+    record.last_token_s = None if last is None else last - start
     _count_tokens(record, usage, chunks, last is not None)
     return record
 

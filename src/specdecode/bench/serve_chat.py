@@ -80,8 +80,9 @@ def system_message(settings: ChatBenchSettings, tag: str) -> dict:
     return {"role": "system", "content": f"[{tag}]\n{settings.system_prompt}"}
 
 
-async def chat_request(http, settings: ChatBenchSettings, messages: list[dict], record: ChatRecord) -> ChatRecord:
-    body = {"messages": messages, **sampling_body(settings)}
+async def chat_request(http, settings, messages: list[dict], record: ChatRecord, **extra) -> ChatRecord:
+    """One streamed chat request (settings: any ClientSettings); extra: more body fields (the edit workload's K)."""
+    body = {"messages": messages, **sampling_body(settings), **extra}
     return await stream_request(http, "/v1/chat/completions", body, record)
 
 

@@ -1,8 +1,8 @@
 """`specdecode bench serve`: load a running OpenAI-compatible server and report its latencies and throughput.
 
 The command function is registered by the bench command group (`bench_app.command("serve")(bench_serve)`).
-Measurements are in specdecode.bench.serve (completions) and specdecode.bench.serve_chat (the chat
-workloads); this module only reads options and prints.
+Measurements are in specdecode.bench.serve (completions), specdecode.bench.serve_chat (the chat
+workloads) and specdecode.bench.serve_edit (iterative editing); this module only reads options and prints.
 """
 
 from __future__ import annotations
@@ -13,20 +13,24 @@ import typer
 
 from .common import CLIError, out, user_errors
 
-WORKLOADS = ("completions", "multi-turn", "shared-system")
+WORKLOADS = ("completions", "multi-turn", "shared-system", "edit")
 
 
 def bench_serve(
     url: str = typer.Option("http://127.0.0.1:8000", "--url", help="The server's base URL (ours or any "
                             "OpenAI-compatible one); requests go to URL/v1/completions (or /v1/chat/completions for "
-                            "the chat workloads) and nowhere else."),
+                            "the chat and edit workloads) and nowhere else."),
     workload: str = typer.Option("completions", "--workload", help="completions: streamed completions of the "
                                  "prompt set; multi-turn: chats that re-send their history each turn (TTFT and "
                                  "prefix-cache hit rate per turn); shared-system: chats sharing one long system "
-                                 "prompt (TTFT of the first request against the later ones)."),
+                                 "prompt (TTFT of the first request against the later ones); edit: two-turn "
+                                 "code edits, each turn sent with the server's speculation and then as plain "
+                                 "decoding (num_speculative_tokens 0), in that order: the decode rates, their "
+                                 "ratio, and whether the texts match (start the server afresh for each run: a "
+                                 "suffix draft remembers earlier answers)."),
     prompts: Optional[str] = typer.Option(None, "--prompts", help="Prompt set: code, prose, edit (built in), or a "
                                           "file. Default: code; the chat workloads' user messages default to "
-                                          "built-in code-review questions."),
+                                          "built-in code-review questions; edit: the edit set."),
     num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n", help="Requests to send in all "
                                                "(default 100; shared-system: 16, the first one alone)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", "-c", help="Fixed concurrency: this many "
@@ -35,12 +39,20 @@ def bench_serve(
     conversations: Optional[int] = typer.Option(None, "--conversations", help="multi-turn: chats running at "
                                                 "once (default 4)."),
     turns: Optional[int] = typer.Option(None, "--turns", help="multi-turn: turns of each chat (default 5)."),
+    nb_prompts: Optional[int] = typer.Option(None, "--nb-prompts", help="edit: only the first N prompts."),
+    follow_up: Optional[str] = typer.Option(None, "--follow-up", help="edit: turn 2's user message (default: add "
+                                            "a one-line docstring to every function and output the whole code "
+                                            "again)."),
+    k: Optional[str] = typer.Option(None, "-k", "--num-speculative-tokens", help="edit: num_speculative_tokens "
+                                    "of the speculative sends (default auto: the server's own)."),
     system_prompt: Optional[str] = typer.Option(None, "--system-prompt", help="Chat workloads: a file holding the "
                                                 "system prompt (default: a built-in ~900-token code-review one)."),
     rate: Optional[float] = typer.Option(None, "--rate", help="Poisson arrivals at this many requests per second "
                                          "(instead of --concurrency)."),
-    max_tokens: int = typer.Option(64, "--max-tokens", help="max_tokens of each request."),
-    temperature: float = typer.Option(0.0, "--temperature", help="Sampling temperature of each request."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="max_tokens of each request (default "
+                                             "64; edit: 256)."),
+    temperature: float = typer.Option(0.0, "--temperature", help="Sampling temperature of each request (edit: "
+                                      "0 only: greedy, so that both sends must give the same text)."),
     model: Optional[str] = typer.Option(None, "--model", help="The model id to send (default: none, the server's "
                                         "own)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECDECODE_API_KEY",
@@ -53,24 +65,35 @@ def bench_serve(
 ) -> None:
     """Load a running server with streamed completions: request throughput, output tokens/s, TTFT, inter-token
     latency and end-to-end latency (p50/p90/p99), errors; or with chats (--workload multi-turn, shared-system):
-    TTFT and prefix-cache hit rate per turn."""
+    TTFT and prefix-cache hit rate per turn; or with code edits (--workload edit): speculative against plain
+    decoding on the same server."""
     with user_errors():
         if workload not in WORKLOADS:
             raise CLIError(f"--workload {workload!r}: use one of {', '.join(WORKLOADS)}")
         given = {"--conversations": conversations, "--turns": turns, "--system-prompt": system_prompt,
-                 "--rate": rate, "--plot": plot, "--num-requests": num_requests, "--concurrency": concurrency}
+                 "--rate": rate, "--plot": plot, "--num-requests": num_requests, "--concurrency": concurrency,
+                 "--nb-prompts": nb_prompts, "--follow-up": follow_up, "-k": k}
         _check_options(workload, given)
-        common = dict(url=url, max_tokens=max_tokens, temperature=temperature, model=model, api_key=api_key,
-                      timeout_s=timeout, duration_s=duration)
+        common = dict(url=url, temperature=temperature, model=model, api_key=api_key, timeout_s=timeout,
+                      duration_s=duration)
+        if max_tokens is not None:  # else each workload's default
+            common["max_tokens"] = max_tokens
         if workload == "completions":
             _run_completions(common, prompts or "code", num_requests or 100, concurrency, rate, seed, json_path,
                              plot)
+        elif workload == "edit":
+            from ..bench.serve_edit import EditBenchSettings, bench_edit
+
+            edits = {"nb_prompts": nb_prompts, "follow_up": follow_up, "k": k}
+            settings = EditBenchSettings(prompts=_questions(prompts), **common,
+                                         **{name: value for name, value in edits.items() if value is not None})
+            _run_workload(settings, bench_edit, _print_edit, prompts or "edit", json_path)
         else:
-            from ..bench.serve_chat import ChatBenchSettings
+            from ..bench.serve_chat import ChatBenchSettings, bench_chat
 
             settings = ChatBenchSettings(workload=workload, questions=_questions(prompts),
                                          system_prompt=_read_text(system_prompt), **common, **_chat_sizes(given))
-            _run_chat(settings, prompts, json_path)
+            _run_workload(settings, bench_chat, _print_chat, prompts or "built-in questions", json_path)
 
 
 def _run_completions(common: dict, prompts: str, num_requests: int, concurrency: Optional[int],
@@ -99,7 +122,8 @@ def _run_completions(common: dict, prompts: str, num_requests: int, concurrency:
 # The options each workload reads: one given to a workload that ignores it is an error, not a silent no-op.
 _APPLIES = {"completions": {"--rate", "--plot", "--num-requests", "--concurrency"},
             "multi-turn": {"--conversations", "--turns", "--system-prompt"},
-            "shared-system": {"--system-prompt", "--num-requests", "--concurrency"}}
+            "shared-system": {"--system-prompt", "--num-requests", "--concurrency"},
+            "edit": {"--nb-prompts", "--follow-up", "-k"}}
 
 
 def _check_options(workload: str, given: dict) -> None:
@@ -133,13 +157,13 @@ def _read_text(path: Optional[str]) -> Optional[str]:
     return Path(path).expanduser().read_text(encoding="utf-8")
 
 
-def _run_chat(settings, prompts: Optional[str], json_path: Optional[str]) -> None:
+def _run_workload(settings, run, show, prompts: str, json_path: Optional[str]) -> None:
+    """A chat or edit workload: run(settings) -> its report, show(report) prints it."""
     from ..bench.serve import write_report
-    from ..bench.serve_chat import bench_chat
 
-    report = bench_chat(settings)
-    report["config"]["prompts"] = prompts or "built-in questions"
-    _print_chat(report)
+    report = run(settings)
+    report["config"]["prompts"] = prompts
+    show(report)
     if json_path:
         write_report(report, json_path)
         out.print(f"report: {json_path}")
@@ -161,14 +185,18 @@ def _print(report: dict) -> None:
     out.print(table)
 
 
-def _print_chat(report: dict) -> None:
-    from rich.table import Table
-
+def _print_headline(report: dict) -> None:
     out.print(f"{report['workload']}: {report['succeeded']}/{report['requests']} requests succeeded in "
               f"{report['duration_s']:.1f} s ({report['skipped']} not sent): {report['output_tokens_per_s']:.1f} "
               f"output tokens/s")
     if report["errors"]:
         out.print("errors: " + ", ".join(f"{k} x{v}" for k, v in report["errors"].items()))
+
+
+def _print_chat(report: dict) -> None:
+    from rich.table import Table
+
+    _print_headline(report)
     multi = report["workload"] == "multi-turn"
     table = Table("turn" if multi else "requests", "ok", "TTFT median", "TTFT p90", "prompt", "cached", "hit rate",
                   title="TTFT in ms, tokens per request")
@@ -183,9 +211,40 @@ def _print_chat(report: dict) -> None:
         out.print(f"median TTFT {what}: {ratio:.2f}x")
 
 
+def _print_edit(report: dict) -> None:
+    from rich.table import Table
+
+    _print_headline(report)
+    table = Table("turn", "same text", "spec tok/s", "plain tok/s", "speedup", "of totals", "spec TTFT",
+                  "plain TTFT", "tok/step", title="medians of the decode rate after the first token and of the "
+                  "TTFT (ms); speedup: the median of the per-prompt ratios, and the ratio of the totals; tok/step: "
+                  "tokens per verification (the server's)")
+    for row in report["per_turn"]:
+        spec, plain = row["speculative"], row["plain"]
+        table.add_row(str(row["turn"]), f"{row['identical']}/{row['pairs']}", _num(spec["decode_tok_s_median"], 1),
+                      _num(plain["decode_tok_s_median"], 1), _times(row["speedup_median"]),
+                      _times(row["speedup_of_totals"]), _ms(spec["ttft_median_s"]), _ms(plain["ttft_median_s"]),
+                      _num(spec["mean_accepted_length"], 2))
+    out.print(table)
+    for row in report["per_turn"]:
+        for m in row["mismatches"]:  # greedy decoding is exact: a difference is a finding, never noise to hide
+            out.print(f"[bold red]turn {row['turn']}, prompt {m['prompt']}: the speculative and plain texts differ "
+                      f"from character {m['first_difference']}[/bold red]")
+    if any((row["plain"]["proposed_tokens"] or 0) > 0 for row in report["per_turn"]):
+        out.print("[bold red]the server drafted on the plain sends: it ignores num_speculative_tokens 0, so there "
+                  "is no plain baseline[/bold red]")
+    if any(row["speculative"]["proposed_tokens"] == 0 for row in report["per_turn"]):
+        out.print("[yellow]the server proposed no drafts on some turn's speculative sends (no draft, or K 0)"
+                  "[/yellow]")
+
+
+def _times(ratio) -> str:
+    return "–" if ratio is None else f"{ratio:.2f}x"
+
+
 def _ms(seconds) -> str:
     return "–" if seconds is None else f"{1000 * seconds:.1f}"
 
 
-def _num(value) -> str:
-    return "–" if value is None else f"{value:.0f}"
+def _num(value, decimals: int = 0) -> str:
+    return "–" if value is None else f"{value:.{decimals}f}"
