@@ -413,7 +413,7 @@ def test_a_built_in_draft_is_prepared_in_a_second_process_while_the_target_loads
 
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))  # the child inherits it
     monkeypatch.setattr(prepare, "_extract_tokenizer", lambda *a: pytest.fail("built here, not in the child"))
-    opts = ModelOptions(target=DEFAULT_TARGET, draft=SMOL, backend="llamacpp")
+    opts = ModelOptions(target=DEFAULT_TARGET, draft=f"suffix+{SMOL}", backend="llamacpp")  # its model part
     assert not locate_model(SMOL, "llamacpp").prepared
     with draft_prepared_alongside(opts):
         pass  # the target's load would run here; leaving waits for the draft
@@ -421,7 +421,8 @@ def test_a_built_in_draft_is_prepared_in_a_second_process_while_the_target_loads
     assert location.prepared and location.path == smol_path
     assert (registry.tokenizer_path(SMOL) / "tokenizer_config.json").is_file()
     monkeypatch.setattr(multiprocessing, "get_context", lambda *a: pytest.fail("a prepared draft starts nothing"))
-    for ready in (opts, ModelOptions(target=SMOL, draft=SMOL), ModelOptions(draft="prompt-lookup"),
+    for ready in (opts, ModelOptions(draft=SMOL), ModelOptions(target=SMOL, draft=SMOL),
+                  ModelOptions(draft="prompt-lookup"),
                   ModelOptions(draft=None)):
         with draft_prepared_alongside(ready):
             pass

@@ -12,7 +12,7 @@ _EXPORTS = {
     "GenerationResult": "results", "Stats": "results", "RowStats": "results", "TokenEvent": "results",
     "SamplingParams": "sampling", "VocabularyMismatchError": "vocab",
     "ModelDrafter": "drafters", "PromptLookupDrafter": "drafters", "SuffixDrafter": "drafters",
-    "SuffixHistory": "drafters",
+    "SuffixHistory": "drafters", "SuffixModelDrafter": "drafters",
     "load_model": "models.loading", "LoadedModel": "models.loading",
 }
 __all__ = [*_EXPORTS, "__version__"]

@@ -16,7 +16,7 @@ import torch
 
 from .backends import as_backend
 from .backends.base import eos_token_ids, underlying_model
-from .drafters import as_drafter
+from .drafters import Drafter, as_drafter
 from .policy import make_policy
 from .rejection import METHODS
 from .results import GenerationResult, TokenEvent
@@ -93,6 +93,8 @@ class SpeculativeGenerator:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
         target_model, target_tok = unwrap_model(target)
         draft_model, draft_tok = unwrap_model(draft) if draft is not None else (None, None)
+        if isinstance(draft_model, Drafter):  # a drafter around a model of its own (suffix+MODEL) names its tokenizer
+            draft_tok = draft_model.model_tokenizer
         self.tokenizer = tokenizer or target_tok or draft_tok
         vocab = shared_vocab_size(target_model, draft_model, target_tok or tokenizer, draft_tok, vocab_size)
         self.target = as_backend(target_model, vocab)

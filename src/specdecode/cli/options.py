@@ -54,8 +54,9 @@ def _model_declarations(k_default: str, k_list: bool) -> dict:
                                 "directory, a .gguf file, or a hub id in the local HF cache.")),
         "draft": (str, option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model (same kinds as --target); "
                                "'prompt-lookup' to draft by copying from the context (no second model); "
-                               "'suffix' to copy from the context and earlier requests (no second model); 'none' "
-                               "for plain decoding of the target.")),
+                               "'suffix' to copy from the context and earlier requests (no second model); "
+                               "'suffix+MODEL' to copy where the suffix index is confident and draft with MODEL "
+                               "elsewhere; 'none' for plain decoding of the target.")),
         "k": (str, option(k_default, "-k", "--num-speculative-tokens", help=k_help)),
         "method": (str, option("leviathan", "--method", help="Rejection sampler: leviathan (Alg. 1, vectorised) "
                                "or chen (Alg. 2, sequential). Both are lossless.")),
@@ -83,8 +84,8 @@ def _model_declarations(k_default: str, k_list: bool) -> dict:
         "trust_remote_code": (bool, option(False, "--trust-remote-code", help="Allow a model's own Python code "
                                            "(off by default).")),
         "suffix_history_tokens": (int, option(DEFAULT_SUFFIX_HISTORY_TOKENS, "--suffix-history-tokens",
-                                              help="--draft suffix: tokens of earlier prompts and outputs kept to "
-                                              "draft from (least recently used out first; 0: none).")),
+                                              help="--draft suffix(+MODEL): tokens of earlier prompts and outputs "
+                                              "kept to draft from (least recently used out first; 0: none).")),
     }
 
 

@@ -7,9 +7,10 @@ from .base import Drafter, LegacyDrafter, Proposal
 from .model import ModelDrafter
 from .prompt_lookup import PromptLookupDrafter
 from .suffix import SuffixDrafter, SuffixHistory
+from .suffix_model import SuffixModelDrafter
 
 __all__ = ["Drafter", "LegacyDrafter", "ModelDrafter", "Proposal", "PromptLookupDrafter", "SuffixDrafter",
-           "SuffixHistory", "as_drafter", "is_drafter"]
+           "SuffixHistory", "SuffixModelDrafter", "as_drafter", "is_drafter"]
 
 
 def is_drafter(obj) -> bool:

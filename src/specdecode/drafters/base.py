@@ -2,7 +2,8 @@
 
 A drafter subclasses `Drafter`, which gives every optional capability a default, so the loop reads no attribute
 that is not declared here. A drafter with no model (prompt lookup, suffix) overrides propose/update/prefill and the
-row bookkeeping; a model drafter also reports what catching up on a backlog cost (the policy prices it).
+row bookkeeping; a model drafter also reports what catching up on a backlog cost (the policy prices it), and one
+that drafts some steps without its model says which (drafts_free, Proposal.free: the policy prices them at zero).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ class Proposal:
     warping and grammar mask as the target's), or None when the drafts were chosen deterministically (the verifier
     then treats them as one-hot proposals, exactly, without a dense tensor). catch_up_s / catch_up_tokens: a
     forward that fed a backlog (a prompt, or tokens of plain steps) before drafting, timed apart; clean is False
-    when a backlog was fed together with the drafts, so the step's draft time is not a draft step's cost.
+    when a backlog was fed together with the drafts, so the step's draft time is not a draft step's cost. free: no
+    model forward ran (a drafter with a model copied every draft this step): the policy prices such drafting at
+    zero and learns no draft step's cost from it.
     """
 
     tokens: torch.Tensor
@@ -31,6 +34,7 @@ class Proposal:
     catch_up_s: float = 0.0
     catch_up_tokens: int = 0
     clean: bool = True
+    free: bool = False
 
 
 class Drafter:
@@ -40,6 +44,7 @@ class Drafter:
     max_rows: int | None = None  # rows its cache can hold (None: no limit)
     needs_hidden_states: bool = False  # True: the loop hands the target's last hidden states to prefill/update
     catch_up_window: int | None = None  # a probe feeds at most this many backlog tokens per row (None: no bound)
+    model_tokenizer = None  # the tokenizer of a model it was built from, if known (the generator checks the target's)
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None, hidden=None) -> None:
         """Take the (left-padded) prompts of a new batch."""
@@ -79,6 +84,12 @@ class Drafter:
         """Per row, the tokens the next proposal would feed before drafting (the policy prices a catch-up); None
         for a drafter that is never behind (no model, no cache)."""
         return None
+
+    def drafts_free(self) -> bool:
+        """After max_drafts(k): whether this step's proposal will run no model forward (suffix+MODEL where the
+        suffix drafts every row), so the policy prices its drafting at zero. False by default: the policy measures
+        a drafter's cost, which is already near zero for one with no model."""
+        return False
 
     def limit_catch_up(self) -> None:
         """Bound the backlog a probe feeds to catch_up_window tokens per row (only q changes: still exact)."""

@@ -141,6 +141,11 @@ class SuffixDrafter(Drafter):
         """How many drafts each row can really propose (0 where nothing matches): a bound for the loop's K."""
         return [len(d.tokens[:k]) for d in self._drafts_for(k)]
 
+    def scores(self, k: int) -> list[float]:
+        """Per row, the index's confidence in the draft it found this step (at most k tokens, or the more asked
+        first): the expected number of its tokens kept."""
+        return [d.score for d in self._drafts_for(k)]
+
     def propose(self, k: int, sampling, uniforms, num_drafts):
         drafts = self._drafts_for(k)
         # Past a row's draft (or with none) its positions are not verified (num_drafts stops there): pad.
