@@ -78,6 +78,7 @@ def test_llamacpp_reusable_prefix_keeps_the_cold_runs_last_forward(smol_path):
     backend = _llama(smol_path).target
     n_batch = backend._shared.n_batch
     assert backend.reusable_prefix(930, 900, 256) == 832  # last forwards [768, 930) and [832, 930): both tiled
+    assert backend.reusable_prefix(1299, 1276, 256) == 1216  # [1216, 1280) then [1280, 1299), the cold run's last
     assert backend.reusable_prefix(520, 519, None) == 512  # cold ends with [512, 520): only that forward again
     assert backend.reusable_prefix(700, 699, None) == 576  # [512, 700) cold; [576, 700) warm (>= 64 tokens)
     assert backend.reusable_prefix(700, 100, None) == 64

@@ -72,8 +72,7 @@ class DecodingSession:
     tokens per step, None = all at once) in a cache of their own, merges rows whose prompt is done into the
     running batch with their first token, then runs one speculative step for every running row. At most
     max_batch rows run at once, and no more than the models' caches hold (llama.cpp: its sequences); the others
-    wait their turn in order. A session owns the generator's caches while it runs: one session per generator at a
-    time.
+    wait their turn in order. A session owns the generator's caches while it runs: one per generator at a time.
     """
 
     def __init__(self, gen, policy=None, prefill_tokens_per_step: int | None = None, max_batch: int | None = None):
@@ -173,7 +172,7 @@ class DecodingSession:
             return []
         start = time.perf_counter()
         rows, fork, ids, valid, col = self._staging
-        end = col + self._prefill_columns(ids.shape[1] - col, len(rows))
+        end = col + self._prefill_columns(ids.shape[1] - col, len(rows), rows[0].stats.cached_tokens + col)
         chunk_valid = valid[:, col:end] if valid is not None else None
         logits, hidden = _forward(fork, ids[:, col:end], chunk_valid, self.hidden_wanted, last_only=True)
         self.stats.target_forward_calls += 1
@@ -206,8 +205,11 @@ class DecodingSession:
         ids, valid = pad([p[r.stats.cached_tokens:] for p, r in zip(prompts, rows)], self.device, side="left")
         return [rows, fork, ids, valid, 0]
 
-    def _prefill_columns(self, left: int, rows: int) -> int:
-        return min(left, max(1, self.prefill_tokens_per_step // rows)) if self.prefill_tokens_per_step else left
+    def _prefill_columns(self, left: int, rows: int, position: int) -> int:
+        """A row joining alone is cut at multiples of the budget from its prompt's start, as a cold prefill is, so
+        one that starts from a cached prefix ends with the cold prefill's forwards (backends' reusable_prefix)."""
+        step = max(1, self.prefill_tokens_per_step // rows) if self.prefill_tokens_per_step else left + position
+        return min(left, step - position % step if rows == 1 else step)
 
     def _join(self, rows: list[Row], fork, ids, valid, logits, hidden) -> list[TokenEvent]:
         """Prefilled rows draw their first token from the prompt's last logits and join the running batch."""

@@ -233,12 +233,12 @@ class LlamaCppBackend:
         return 0
 
     def _last_forward_start(self, start: int, length: int, budget: int | None) -> int:
-        """Where the last prefill forward of positions [start, length) begins: forwards are cut every `budget`
-        tokens from start (the session's prefill chunks) and at multiples of n_batch (this backend's, _chunks)."""
+        """Where the last prefill forward of positions [start, length) begins: forwards are cut at multiples of
+        `budget` (the session's prefill chunks) and of n_batch (this backend's, _chunks), counted from position 0."""
         n_batch = self._shared.n_batch
         cuts = [start, (length - 1) // n_batch * n_batch]
         if budget:
-            cuts.append(start + (length - 1 - start) // budget * budget)
+            cuts.append((length - 1) // budget * budget)
         return max(c for c in cuts if c < length)
 
     def close(self) -> None:
