@@ -41,94 +41,33 @@ one-off time is not a draft step's cost, and the loop reports it as None.
 
 from __future__ import annotations
 
-import statistics
 from abc import ABC, abstractmethod
-from collections import deque
-from typing import Mapping, Sequence
 
+from .policy_estimates import (  # noqa: F401  (expected_speedup, expected_tokens: where callers have found them)
+    WARM_SAMPLES,
+    Cost,
+    RowState,
+    expected_speedup,
+    expected_tokens,
+    record_outcome,
+    scale_evidence,
+    shrunk,
+)
 from .speculation import Speculation
 
 PRIOR_ACCEPTANCE = 0.7     # before any evidence; drives only the first step or two
 PRIOR_DRAFT_STEPS = 0.3    # an unmeasured draft step, in target steps
 PRIOR_VERIFY_SLOPE = 0.15  # an unmeasured forward of n tokens is 1 + 0.15 (n - 1) target steps
-SHRINK = 4.0               # pseudo-observations a coarser estimate is worth
 DECAY = 0.97               # evidence kept per step: a half-life of ~23 steps (~60 tokens at 3 tokens a step)
 PROBE_FORGET = 0.3         # evidence kept when a probe pays: the text has changed since it was gathered
 MARGIN = 0.05              # speculation stops only when plain steps look 5 % faster: a noisy dip must not stop it
-COST_WINDOW = 15           # a cost is the median of its last 15 timings: stalls (GC, another process) are not trends
-WARM_SAMPLES = 2           # the first timings of a shape may include a warm-up: keep their minimum, and count a
-                           # K as untried (worth exploring) until it has this many
 PROBE_FIRST, PROBE_MAX = 8, 256
 CEILING_ACCEPTANCE = 0.95  # the best acceptance a probe could find; if even that cannot pay, probing is waste
 TRIAL_BUDGET = 0.03        # a probe or an exploration may cost its draft's catch-up only up to 3 % of the plain
                            # decoding time since the last one
 PRIOR_CATCH_UP = 0.2       # an unmeasured catch-up, in draft steps per token fed
+REFRESH_STEPS = 128        # speculating this long without a plain step: time plain steps afresh (only they can)
 THIN_EVIDENCE = 10         # an explanation counts the drafts behind an acceptance measured on fewer than this
-
-
-class RowState:
-    """One row's decayed acceptance evidence: accepted[i] / seen[i] estimates a_{i+1}."""
-
-    __slots__ = ("accepted", "seen", "cap", "behind", "probe_behind", "remaining")
-
-    def __init__(self, max_k: int):
-        self.accepted = [0.0] * max_k
-        self.seen = [0.0] * max_k
-        self.cap: int | None = None  # this step's cap, remembered by choose() for observe()
-        # Set by the loop before choose(): tokens the draft would feed before drafting for this row (its backlog),
-        # what a probe would feed (the backlog bounded by the drafter's window), and tokens the row still wants.
-        self.behind = self.probe_behind = 0
-        self.remaining: int | None = None
-
-
-class _Cost:
-    """A measured cost in seconds: the median of the last COST_WINDOW timings (the minimum of the first two, which
-    may include a warm-up), so stalls on a shared machine do not bias it and it still follows a drift."""
-
-    __slots__ = ("value", "count", "_recent")
-
-    def __init__(self):
-        self.value, self.count = 0.0, 0
-        self._recent: deque[float] = deque(maxlen=COST_WINDOW)
-
-    def add(self, seconds: float) -> None:
-        self.count += 1
-        self._recent.append(seconds)
-        self.value = min(self._recent) if self.count <= WARM_SAMPLES else statistics.median(self._recent)
-
-
-def _scale(counts: list[list[float]], factor: float) -> None:
-    for c in counts:
-        c[:] = [x * factor for x in c]
-
-
-def _record(row_or_batch: RowState | Policy, drafted: int, kept: int) -> None:
-    """Positions 1..kept were accepted and kept+1 rejected (if drafted); later ones were never tried."""
-    for i in range(min(kept + 1, drafted)):
-        row_or_batch.seen[i] += 1.0
-        row_or_batch.accepted[i] += i < kept
-
-
-def _shrunk(accepted: float, seen: float, prior: float) -> float:
-    return (accepted + SHRINK * prior) / (seen + SHRINK)
-
-
-def expected_tokens(acceptance: Sequence[float], k: int) -> float:
-    """E(K) = 1 + sum_{j<=K} prod_{i<=j} a_i: tokens a step with K drafts yields (the 1 is the resampled or bonus
-    token), with a_i the acceptance of draft i given drafts 1..i-1 were kept."""
-    if not 0 <= k <= len(acceptance):
-        raise ValueError(f"K={k} needs acceptance for positions 1..{k}, got {len(acceptance)}")
-    tokens, run = 1.0, 1.0
-    for a in acceptance[:k]:
-        run *= a
-        tokens += run
-    return tokens
-
-
-def expected_speedup(acceptance: Sequence[float], k: int, draft_step: float, verify: Mapping[int, float]) -> float:
-    """Leviathan et al.'s speedup over plain decoding with measured costs: E(K) / (K c + v(K+1)), where c (draft_step)
-    and v(n) (verify[n], a target forward of n tokens) are in target steps, so a plain step costs v(1) = 1."""
-    return expected_tokens(acceptance, k) / (k * draft_step + verify[k + 1])
 
 
 class Policy(ABC):
@@ -142,11 +81,11 @@ class Policy(ABC):
             raise ValueError(f"decay must be in (0, 1], got {decay!r}")
         self.max_k = max_k
         self.decay = decay
-        self.probes = self.explorations = 0
+        self.probes = self.explorations = self.refreshes = 0
         self.accepted, self.seen = [0.0] * self.max_k, [0.0] * self.max_k  # the batch's evidence
-        self._verify: dict[int, dict[int, _Cost]] = {}  # batch size -> tokens -> seconds
-        self._draft: dict[int, _Cost] = {}  # batch size -> seconds per draft step
-        self._catch_up = _Cost()  # seconds per token a draft feeds when it catches up
+        self._verify: dict[int, dict[int, Cost]] = {}  # batch size -> tokens -> seconds
+        self._draft: dict[int, Cost] = {}  # batch size -> seconds per draft step
+        self._catch_up = Cost()  # seconds per token a draft feeds when it catches up
         self._histogram: dict[int, int] = {}
         self.trial = False  # whether the last choice was a probe or an exploration (the loop may bound catch-ups)
         self._free_drafts = False  # the step's drafts run no model forward (note_drafting)
@@ -187,17 +126,17 @@ class Policy(ABC):
         plain steps, a one-off cost): the draft cost is not updated from it."""
         drafted = self._drafted(rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted)
         self._histogram[k] = self._histogram.get(k, 0) + 1
-        self._verify.setdefault(batch_size, {}).setdefault(k + 1, _Cost()).add(verify_seconds)
+        self._verify.setdefault(batch_size, {}).setdefault(k + 1, Cost()).add(verify_seconds)
         if k == 0:
             return
         if draft_seconds is not None and not self._free_drafts:
-            self._draft.setdefault(batch_size, _Cost()).add(draft_seconds / k)
-        _scale([self.accepted, self.seen], self.decay)  # the batch decays once per step, not once per row
+            self._draft.setdefault(batch_size, Cost()).add(draft_seconds / k)
+        scale_evidence([self.accepted, self.seen], self.decay)  # the batch decays once per step, not once per row
         for row, n, kept in zip(rows, drafted, accepted):
             if n:
-                _scale([row.accepted, row.seen], self.decay)
-                _record(row, n, kept)
-                _record(self, n, kept)
+                scale_evidence([row.accepted, row.seen], self.decay)
+                record_outcome(row, n, kept)
+                record_outcome(self, n, kept)
 
     def _drafted(self, rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted) -> list[int]:
         """Checks an observation before anything is recorded; returns each row's number of drafts."""
@@ -217,14 +156,14 @@ class Policy(ABC):
     # ------------------------------------------------------------------ estimates
     def batch_acceptance(self) -> list[float]:
         """a_1..a_max_k for the batch as a whole."""
-        pooled = _shrunk(sum(self.accepted), sum(self.seen), PRIOR_ACCEPTANCE)
-        return [_shrunk(a, s, pooled) for a, s in zip(self.accepted, self.seen)]
+        pooled = shrunk(sum(self.accepted), sum(self.seen), PRIOR_ACCEPTANCE)
+        return [shrunk(a, s, pooled) for a, s in zip(self.accepted, self.seen)]
 
     def expected_tokens(self, row: RowState, batch: list[float] | None = None) -> list[float]:
         """E(k) for k = 0..max_k: the new tokens row expects from a step with k drafts."""
         gains, run = [1.0], 1.0
         for a, s, prior in zip(row.accepted, row.seen, batch or self.batch_acceptance()):
-            run *= _shrunk(a, s, prior)
+            run *= shrunk(a, s, prior)
             gains.append(gains[-1] + run)
         return gains
 
@@ -282,7 +221,7 @@ class Policy(ABC):
             "k_histogram": dict(sorted(self._histogram.items())),
             "plain_steps": self._histogram.get(0, 0),
             "mean_k": sum(k * n for k, n in self._histogram.items()) / steps if steps else 0.0,
-            "probes": self.probes, "explorations": self.explorations,
+            "probes": self.probes, "explorations": self.explorations, "refreshes": self.refreshes,
             "acceptance": [round(a, 4) for a in self.batch_acceptance()],
             "costs": {b: {"draft_s": self._draft[b].value if b in self._draft else None,
                           "verify_s": {n: m.value for n, m in sorted(self._verify[b].items())}}
@@ -411,6 +350,7 @@ class AdaptivePolicy(Policy):
         self._speculating = False
         self._plain_run, self._wait, self._probing = 0, PROBE_FIRST, False
         self._plain_time = 0.0  # seconds of plain steps since the last trial (probe or exploration)
+        self._since_plain = 0  # steps since the last plain one
 
     def choose(self, rows: list[RowState], caps: list[int]) -> int:
         self.trial = False
@@ -428,6 +368,7 @@ class AdaptivePolicy(Policy):
         if best > 0 and not self._repays_catch_up(rows, rates[0], rates[best]):
             best = 0
         self._speculating = best > 0
+        self._restart_stale_plain_cost(batch)
         measured = self._verify.get(batch, {})
         untried = {k: tokens[k] / self._optimistic_time(k, batch) for k in range(top + 1)
                    if k + 1 not in measured or measured[k + 1].count < WARM_SAMPLES}
@@ -445,6 +386,15 @@ class AdaptivePolicy(Policy):
         self._plain_run, self._probing, self.trial = 0, True, True
         self.probes += 1
         return max(range(1, top + 1), key=rates.__getitem__)  # the K most likely to pay
+
+    def _restart_stale_plain_cost(self, batch: int) -> None:
+        """While it speculates only plain steps re-time a plain step, so its cost can date from other conditions
+        (other prompts, another process's load) and keep a speculation that no longer pays: every REFRESH_STEPS
+        steps it is forgotten, and exploration times WARM_SAMPLES plain steps afresh."""
+        if self._since_plain >= REFRESH_STEPS and 1 in self._verify.get(batch, {}):
+            self._verify[batch][1].restart()
+            self._since_plain = 0
+            self.refreshes += 1
 
     def _repays_catch_up(self, rows: list[RowState], plain_rate: float, rate: float) -> bool:
         """Whether speculating for the rest of the rows' tokens saves more time than the draft's catch-up costs
@@ -485,9 +435,11 @@ class AdaptivePolicy(Policy):
         paid = probing and (len(rows) + sum(accepted)) / max(drafting + verify_seconds, 1e-12) > \
             len(rows) / self.verify_cost(1, batch_size)
         if paid:  # the text has changed since the evidence that stopped speculation: let the probe outweigh it
-            _scale([self.accepted, self.seen] + [c for r in rows for c in (r.accepted, r.seen)], self.probe_forget)
+            scale_evidence([self.accepted, self.seen] + [c for r in rows for c in (r.accepted, r.seen)],
+                           self.probe_forget)
         super().observe(rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted)
         self._plain_time = self._plain_time + verify_seconds if k == 0 else 0.0
+        self._since_plain = 0 if k == 0 else self._since_plain + 1
         if paid:  # one row's probe is one noisy bit: confirm it at once
             self._plain_run = self._wait
         elif probing:
