@@ -5,7 +5,8 @@ forwards on a warm cache, medians):
 - the target's step (a forward of 1 token) and v(n) = a forward of n tokens / a forward of 1, n = 1..max_k + 1
   (verifying K drafts is a forward of K + 1 tokens);
 - the draft model's costs in target steps: c, its forward of 1 token; c2, of 2 tokens; and its prompt's forward
-  (0 for drafters without a model: prompt lookup, suffix);
+  (0 for drafters without a model: prompt lookup, suffix; for suffix+MODEL, which runs MODEL only on the steps
+  where some row does not copy, c and c2 times the share of such steps in its run at max_k);
 - for each drafter, one run at a fixed K = max_k on the prompts: how often draft j was proposed and kept.
 
 One run at the largest K predicts every smaller K: a step's drafts at K are the first K of its drafts at max_k,
@@ -42,7 +43,7 @@ from typing import Callable
 
 import torch
 
-from ..drafters import PromptLookupDrafter, SuffixDrafter
+from ..drafters import ModelDrafter, PromptLookupDrafter, SuffixDrafter, SuffixModelDrafter
 from ..engine import AutoregressiveGenerator, SpeculativeGenerator
 from ..policy import expected_tokens
 from .costs import measure_costs
@@ -54,6 +55,7 @@ SCHEMA = "specdecode.advise/1"
 MAX_K = 8
 MARGIN = 0.05  # a predicted gain under 5 % is within the noise of a short run: not worth drafting for
 MEASURE = ("best", "all", "none")
+MODEL_DRAFTERS = ("model", "suffix+model")  # the drafters that run the draft model (priced with its costs)
 WARMUP_TOKENS = 8
 
 
@@ -107,26 +109,30 @@ def roofline(verify: dict[int, float], max_k: int) -> dict:
 # ----------------------------------------------------------------------------------------------- the drafters
 def drafters_to_try(draft) -> tuple[dict, dict]:
     """({name: draft model or drafter}, {name: why it is left out}): the draft model when there is one, prompt
-    lookup, and the suffix drafter."""
+    lookup, and the suffix drafter; for suffix+MODEL, MODEL alone ("model") and the pair ("suffix+model")."""
     drafters, skipped = {}, {}
     if draft is None:
         skipped["model"] = "no draft model (--draft none)"
     elif isinstance(draft, (PromptLookupDrafter, SuffixDrafter)):
         skipped["model"] = "no draft model (--draft prompt-lookup or suffix)"
     else:
-        drafters["model"] = draft
+        drafters["model"] = draft.model_drafter if isinstance(draft, SuffixModelDrafter) else draft
     drafters["prompt-lookup"] = PromptLookupDrafter()
     # Advise replays the same prompts (a warm-up, then a run per K): a history would hand each run the answers of
     # the one before, so the suffix drafter drafts from the row's own context only.
     drafters["suffix"] = SuffixDrafter(history_tokens=0)
+    if isinstance(draft, SuffixModelDrafter):  # the same model drafter, its suffix part without history too
+        drafters["suffix+model"] = SuffixModelDrafter(draft.model_drafter, SuffixDrafter(history_tokens=0),
+                                                      draft.min_score)
     return drafters, skipped
 
 
 # ----------------------------------------------------------------------------------------------- measuring
 def measure_draft_cost(draft_model, prompt_ids: list[list[int]], target_step_s: float, repeats: int) -> dict:
     """The draft model's forwards of 1 and 2 tokens (measure_costs, on the draft as a target) and of each prompt
-    (the fastest of two), in ms and as a DraftCost in target steps."""
-    alone = AutoregressiveGenerator(draft_model)
+    (the fastest of two), in ms and as a DraftCost in target steps. draft_model: a model, or a ModelDrafter (its
+    backend is timed)."""
+    alone = AutoregressiveGenerator(draft_model.backend if isinstance(draft_model, ModelDrafter) else draft_model)
     costs = measure_costs(alone, prompt_ids[0], [1], repeats)
     prefill = statistics.mean(min(_prompt_seconds(alone.target, ids) for _ in range(2)) for ids in prompt_ids)
     step_s, pair_s = costs["target_step_ms"] / 1000, costs["verify_ms"]["1"] / 1000
@@ -167,8 +173,8 @@ def advise(target, draft, prompt_ids: list[list[int]], max_new_tokens: int = 64,
     baseline = run.timed(plain) if measure != "none" else None
     progress("plain decoding")
     setting = _Setting(target, method, max_k, verify, max_new_tokens - 1, run, baseline, measure, progress)
-    reports = [_drafter_report(name, drafter, draft_costs["cost"] if name == "model" else DraftCost(), setting)
-               for name, drafter in drafters.items()]
+    reports = [_drafter_report(name, drafter, draft_costs["cost"] if name in MODEL_DRAFTERS else DraftCost(),
+                               setting) for name, drafter in drafters.items()]
     roof = roofline(verify, max_k)
     return {
         "schema": SCHEMA,
@@ -228,7 +234,9 @@ def _drafter_report(name: str, drafter, draft: DraftCost, setting: _Setting) -> 
     def generator(k: int):
         return SpeculativeGenerator(setting.target, drafter, num_speculative_tokens=k, method=setting.method)
 
+    before = _steps(drafter)
     widest = run.timed(generator(max_k)) if baseline is not None else run.once(generator(max_k))
+    draft, model_share = _model_share(drafter, draft, before)
     setting.progress(f"{name} K={max_k}")
     stats = widest.stats
     steps = stats.verification_steps
@@ -248,10 +256,28 @@ def _drafter_report(name: str, drafter, draft: DraftCost, setting: _Setting) -> 
     for row in by_k:
         row.update(_measured(measured.get(row["k"]), baseline))
     return {"name": name, "draft_step_cost": draft.step, "draft_pair_cost": draft.pair,
-            "draft_prefill_cost": draft.prefill, "steps": steps,
+            "draft_prefill_cost": draft.prefill, "model_step_share": model_share, "steps": steps,
             "accepted_per_position": accepted, "proposed_per_position": proposed,
             "acceptance": acceptance, "proposal": proposal, "acceptance_rate": stats.acceptance_rate,
             "by_k": by_k, "best_k": best["k"], "best_speedup": best["speedup_at_length"]}
+
+
+def _steps(drafter) -> tuple[int, int] | None:
+    """suffix+MODEL's (model steps, free steps) so far; None for any other drafter."""
+    if not isinstance(drafter, SuffixModelDrafter):
+        return None
+    return drafter.counts.model_steps, drafter.counts.free_steps
+
+
+def _model_share(drafter, draft: DraftCost, before: tuple[int, int] | None) -> tuple[DraftCost, float | None]:
+    """suffix+MODEL runs its model only on steps where some row does not copy: its draft step costs are the
+    model's times the share of such steps in the run at max_k (an approximation: a copy may offer other than K
+    drafts); its prompt is read as the model's. Any other drafter: its costs as they are."""
+    if before is None:
+        return draft, None
+    model, free = (now - then for now, then in zip(_steps(drafter), before))
+    share = model / (model + free) if model + free else 1.0
+    return DraftCost(draft.step * share, draft.pair * share, draft.prefill), share
 
 
 def _prediction(k: int, acceptance: list[float], proposal: list[float], draft: DraftCost, verify: dict,
@@ -312,7 +338,7 @@ def recommend(reports: list[dict], roof: dict, verify: dict[int, float]) -> dict
 
 def _flags(name: str, k: int) -> str:
     flags = {"model": f"-k {k}", "prompt-lookup": f"--draft prompt-lookup -k {k}",
-             "suffix": f"--draft suffix -k {k}"}.get(name)
+             "suffix": f"--draft suffix -k {k}", "suffix+model": f"--draft suffix+MODEL -k {k}"}.get(name)
     return f" ({flags}; -k auto finds it too)" if flags else ""
 
 

@@ -14,7 +14,8 @@ T2 seconds"): its model loading is left out, as ours is.
 Settings matched to our run: the same token ids (the binary gets them as text and tokenizes them itself; the count
 it reports is kept), temperature (0 = greedy), top-k (0 = off in both), top-p, no min-p / typical / repetition
 penalty, no stop at end of generation (the Python loop never stops on its own; the binary gets --ignore-eos, which
-masks end-of-generation tokens), fresh cache for every prompt. llama-cpp-python applies top-p before the
+masks end-of-generation tokens) except on the multi-turn workload (the Python loop then stops at our
+end-of-generation tokens), fresh cache for every prompt. llama-cpp-python applies top-p before the
 temperature, ours after: the two sample the same distribution only when top-p = 1 or T = 1.
 """
 
@@ -80,31 +81,42 @@ class LlamaCppPeers:
 
             draft = None if lookup is None else LlamaPromptLookupDecoding(max_ngram_size=LOOKUP_NGRAM,
                                                                           num_pred_tokens=lookup)
+            # With a draft model Llama keeps every position's logits, but sizes that buffer by the logits_all
+            # argument (n_batch rows when False): a prompt longer than n_batch would not fit, so say it.
             self._llamas[lookup] = llama_cpp.Llama(
                 model_path=str(self.gguf), n_ctx=self.n_ctx, n_batch=min(512, self.n_ctx), n_threads=self.threads,
-                n_threads_batch=self.threads, flash_attn=True, n_gpu_layers=0, draft_model=draft, verbose=False)
+                n_threads_batch=self.threads, flash_attn=True, n_gpu_layers=0, draft_model=draft,
+                logits_all=draft is not None, verbose=False)
         return self._llamas[lookup]
 
     def generate(self, ids: list[int], max_new_tokens: int, temperature: float, top_k: int, top_p: float,
                  seed: int, lookup: int | None = None) -> tuple[int, float]:
         """(new tokens, seconds) of one generation: exactly max_new_tokens tokens, end of generation ignored."""
+        tokens, seconds = self.generate_ids(ids, max_new_tokens, temperature, top_k, top_p, seed, lookup)
+        return len(tokens), seconds
+
+    def generate_ids(self, ids: list[int], max_new_tokens: int, temperature: float, top_k: int, top_p: float,
+                     seed: int, lookup: int | None = None, stop_ids: set[int] | None = None) -> tuple[list[int], float]:
+        """(new token ids, seconds) of one generation: max_new_tokens tokens, or fewer when stop_ids is given and
+        one of them comes (kept and counted, as ours counts its end-of-generation token)."""
         llm = self._llama(lookup)
         if len(ids) + max_new_tokens + (lookup or 0) > self.n_ctx:
             raise ValueError(f"a {len(ids)}-token prompt and {max_new_tokens} new tokens do not fit the llama.cpp "
                              f"peers' context of {self.n_ctx}")
         llm.reset()  # a fresh prefill: Llama would otherwise reuse the cached prefix of the last run's prompt
         llm.set_seed(seed & 0xFFFFFFFF)
-        n = 0
+        new = []
+        stop_ids = stop_ids or set()
         t0 = time.perf_counter()
         tokens = llm.generate(ids, temp=float(temperature), top_k=int(top_k), top_p=float(top_p), min_p=0.0,
                               typical_p=1.0, repeat_penalty=1.0, reset=False)
-        for _ in tokens:
-            n += 1
-            if n == max_new_tokens:
+        for token in tokens:
+            new.append(int(token))
+            if len(new) == max_new_tokens or token in stop_ids:
                 break
         seconds = time.perf_counter() - t0
         tokens.close()
-        return n, seconds
+        return new, seconds
 
     def complete_json(self, ids: list[int], schema: dict, max_new_tokens: int, temperature: float, top_k: int,
                       top_p: float, seed: int) -> tuple[int, float, str]:

@@ -4,6 +4,7 @@
   them (stock: plain weights, no prepacking, no draft quantization), whatever backend ours run on;
 - llama.cpp's methods: the GGUF files of the target and draft (ours when they run on llama.cpp, else the GGUF of a
   built-in model or a .gguf file), the threads, and the llama-speculative binary.
+With --draft suffix+MODEL the peers that run a draft model run MODEL (they have no suffix drafter).
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def stock_models(peer_models: str, opts, methods, sanity: bool, ours: str):
                  trust_remote_code=opts.trust_remote_code, progress=False, backend="transformers")
     target = load_model(opts.target, **stock)
     draft = None
-    if opts.has_draft and not opts.draft_is_lookup and not sanity:
-        draft = load_model(opts.draft, **stock)
+    if opts.draft_model is not None and not sanity:  # suffix+MODEL: MODEL
+        draft = load_model(opts.draft_model, **stock)
     return target, draft
 
 
@@ -70,10 +71,18 @@ def llama_setup(opts, target_model, draft_model, methods, binary: str | None, sa
         return str(path) if path is not None else None
 
     draft = None
-    if opts.has_draft and not opts.draft_is_lookup and draft_model is not None and not sanity:
-        draft = gguf(opts.draft, draft_model)
+    if opts.draft_model is not None and draft_model is not None and not sanity:  # suffix+MODEL: MODEL's file
+        draft = gguf(opts.draft_model, draft_model)
     return LlamaPeerSetup(target_gguf=gguf(opts.target, target_model), draft_gguf=draft,
                           threads=opts.threads or default_threads(), speculative_binary=binary)
+
+
+def model_part(draft):
+    """The draft model inside suffix+MODEL's drafter (its backend, whose .model is a transformers model on that
+    backend), for the peers that run a draft model; any other draft as it is."""
+    from ..drafters import SuffixModelDrafter
+
+    return draft.model_drafter.backend if isinstance(draft, SuffixModelDrafter) else draft
 
 
 def llama_context(prompt_ids: list[list[int]], max_new_tokens: int, extra: int) -> int:

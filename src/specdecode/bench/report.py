@@ -3,7 +3,8 @@
 One block per method and configuration (K, temperature): throughput over the runs, lengths, and what the method
 adds (BenchMethod.report); speedups of every method over every other; the expected speedup next to the measured
 one (BenchMethod.theory); per temperature, the recommended K: the best of the first method that recommends one.
-On a workload with JSON schemas, each block also says how many outputs follow their schema.
+On a workload with JSON schemas, each block also says how many outputs follow their schema; on the multi-turn
+workload, "multi_turn" has the throughput per turn and the same-text check (bench/turns_report.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .environment import environment
 from .llamacpp_peers import LOOKUP_DEFAULT_TOKENS
 from .methods import METHODS
 from .methods.base import LLAMACPP
+from .turns_report import turns_report
 from .units import Measurement, Unit
 from .validity import validator_name, validity
 
@@ -23,13 +25,17 @@ LENGTHS = "ours: ignore_eos=True; transformers: min_new_tokens = max_new_tokens"
 JSON_LENGTHS = ("every method stops at the end of its JSON value (its end-of-generation token counted) or after "
                 "max_new_tokens; ours compiles schemas compact (no whitespace), llama.cpp's grammar allows one "
                 "optional space between tokens")
+TURN_LENGTHS = ("every method stops at its end-of-generation token (counted) or after max_new_tokens; lengths_match: "
+                "each answer as long as the reference's (ours plain, greedy)")
 
 
 def method_block(method, unit: Unit, runs: list[Measurement], max_new_tokens: int, batch_size: int,
-                 schemas: list[dict] | None = None) -> dict:
+                 schemas: list[dict] | None = None, reference_lengths: list[int] | None = None) -> dict:
     """Throughput (median over the runs, and its spread), the runs themselves, lengths, and the method's own
     fields; a method shared by every K says so. schemas: each row's JSON schema (the rows of a run, flattened):
-    outputs stop at the end of their JSON value, and their validity is counted over every run."""
+    outputs stop at the end of their JSON value, and their validity is counted over every run.
+    reference_lengths: each answer's length in the reference (the multi-turn workload), which lengths_match
+    checks."""
     tps = [r.tokens_per_second for r in runs]
     mspt = [r.ms_per_token for r in runs]
     t, m = st.summarize(tps), st.summarize(mspt)
@@ -50,6 +56,8 @@ def method_block(method, unit: Unit, runs: list[Measurement], max_new_tokens: in
         block["lengths_note"] = "JSON schemas: each output stops at the end of its JSON value; lengths_match: " \
                                 "none was cut at max_new_tokens"
         block["json"] = validity([t for r in runs for t in r.texts], schemas * len(runs))
+    if reference_lengths is not None:
+        block["lengths_match"] = all(r.per_prompt_tokens == reference_lengths for r in runs)
     block.update(method.report(unit, runs))
     if not method.per_k:
         block["shared_across_k"] = True
@@ -64,7 +72,8 @@ def sweep_config(bench, temperature: float, k, measured: dict, costs: dict) -> d
     for unit in sorted(bench.units(temperature), key=order):
         if unit.k in (None, k):
             blocks[unit.name] = method_block(bench.runners[unit.method], unit, measured[unit], s.max_new_tokens,
-                                             s.batch_size, bench.row_schemas)
+                                             s.batch_size, bench.row_schemas,
+                                             bench.turns.reference_lengths if bench.turns else None)
     for name, block in blocks.items():
         block["speedup_vs"] = {other: (block["tokens_per_second"] / b["tokens_per_second"]
                                        if b["tokens_per_second"] else None)
@@ -129,8 +138,8 @@ def bench_report(bench, measured: dict, costs: dict, elapsed: float) -> dict:
                    "rows_per_run": sum(len(b) for b in bench.batches),
                    "prompt_tokens": [len(p) for p in bench.prompt_ids],
                    "throughput": "end to end: new tokens / wall time of the generate() calls, prefill included",
-                   "lengths": LENGTHS if bench.ctx.schemas is None else JSON_LENGTHS,
-                   "workload": "free text" if bench.ctx.schemas is None else "json_schema",
+                   "lengths": TURN_LENGTHS if bench.turns else LENGTHS if bench.ctx.schemas is None else JSON_LENGTHS,
+                   "workload": workload(bench),
                    "json_validator": validator_name() if bench.ctx.schemas is not None else None,
                    "skipped": dict(bench.skipped),
                    "llamacpp": llama_config(bench)},
@@ -140,4 +149,9 @@ def bench_report(bench, measured: dict, costs: dict, elapsed: float) -> dict:
         "k": top["k"], "temperature": top["temperature"],
         "methods": top["methods"],
         "theory": top["theory"],
+        "multi_turn": turns_report(bench, measured) if bench.turns else None,
     }
+
+
+def workload(bench) -> str:
+    return "multi_turn" if bench.turns else "free text" if bench.ctx.schemas is None else "json_schema"

@@ -19,6 +19,13 @@ Prompts with JSON schemas (the json set, or a .jsonl file with "schema"): only t
 schema run (ours and llama-cpp-python's grammar); each output stops at the end of its JSON value, and the report
 gives each method's validity rate (bench/validity.py) and, for ours, the tokens forced by the grammar.
 
+Multi-turn sessions (--prompts multi-turn, bench/sessions.py): the prompts are every turn of every session, in
+order, built beforehand from ours plain's greedy answers; each method decodes them one at a time, greedy, each
+answer stopped at its end of generation; the report adds a table per turn (bench/turns_report.py). A suffix
+drafter's history is emptied before every run (methods/specdecode.py), so it holds only what a server would have
+seen before each turn. specdecode-prompt-lookup and specdecode-suffix (methods/specdecode_copy.py) bring their own
+drafter, so one run compares --draft (a model or suffix+MODEL) with both copying drafts and llama.cpp's peers.
+
 Runs are interleaved (A B C D A B C D ...) after a warm-up (bench/interleave.py), so drift of a shared machine hits
 every method alike. Throughput is end to end (prefill included, as in a user's call): new tokens / wall time of
 the generate() calls. The report is assembled in bench/report.py.
@@ -35,8 +42,9 @@ from .interleave import interleave
 from .llamacpp_peers import LOOKUP_DEFAULT_TOKENS
 from .methods import REGISTRY, BenchContext, BenchMethod
 from .methods.hf import transformers_model
-from .peers import LlamaPeerSetup, llama_context
+from .peers import LlamaPeerSetup, llama_context, model_part
 from .report import bench_report
+from .sessions import TurnPlan
 from .settings import BenchSettings
 from .units import Unit, int_ks
 from .workload import make_batches
@@ -56,14 +64,17 @@ class Bench:
 
     def __init__(self, target, draft, prompt_ids: list[list[int]], settings: BenchSettings,
                  info: dict | None = None, peer_target=None, peer_draft=None, llama: LlamaPeerSetup | None = None,
-                 schemas: list[dict] | None = None):
+                 schemas: list[dict] | None = None, turns: TurnPlan | None = None):
         """peer_target / peer_draft: the models transformers' methods run on, when they differ from ours (a
         transformers user loads plain fp32 models, without our prepacking or draft quantization). llama: the
         GGUF files, threads and binary llama.cpp's methods run on (None: they are left out). schemas: each
-        prompt's JSON schema (None: free text)."""
+        prompt's JSON schema (None: free text). turns: the multi-turn workload whose turns prompt_ids are."""
         from ..drafters import PromptLookupDrafter
 
         settings.check()
+        if turns is not None:
+            turns.check(prompt_ids, settings)
+        self.turns = turns
         self.prompt_ids = prompt_ids
         self.batches = make_batches(prompt_ids, settings.batch_size)
         if schemas is not None and len(schemas) != len(prompt_ids):
@@ -79,8 +90,9 @@ class Bench:
         self.ctx = BenchContext(
             settings, prompt_ids, plain, spec, has_draft=draft is not None,
             lookup=isinstance(draft, PromptLookupDrafter), hf_target=transformers_model(peer_target or target),
-            hf_draft=transformers_model(peer_draft or draft) if draft is not None else None, llama=llama,
-            llama_ctx=llama_context(prompt_ids, settings.max_new_tokens, extra), schemas=schemas)
+            hf_draft=transformers_model(peer_draft or model_part(draft)) if draft is not None else None, llama=llama,
+            llama_ctx=llama_context(prompt_ids, settings.max_new_tokens, extra), schemas=schemas, target=target,
+            turns=turns)
         # the methods asked for that cannot run here, and why
         self.skipped = {name: why for name, cls in REGISTRY.items()
                         if name in settings.methods and (why := cls.left_out(self.ctx))}

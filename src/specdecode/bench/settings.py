@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import OptionError
+from ..pair import DEFAULT_SUFFIX_HISTORY_TOKENS
 from .methods import ALL_BUT_ON_REQUEST, METHODS
 from .units import AUTO
 
@@ -24,6 +25,7 @@ class BenchSettings:
     cost_repeats: int = 3
     batch_size: int = 1  # rows per generate() call
     llama_draft_max: list[int] = field(default_factory=lambda: [2, 3, 4, 8])  # llama-speculative --draft-max values
+    suffix_history_tokens: int = DEFAULT_SUFFIX_HISTORY_TOKENS  # specdecode-suffix's history of earlier requests
 
     def check(self) -> None:
         if not self.ks or any(k != AUTO and (isinstance(k, bool) or not isinstance(k, int) or k < 1)

@@ -44,6 +44,8 @@ class Measurement:
     draft_calls: int = 0
     extra: dict = field(default_factory=dict)  # llama-speculative: what it printed
     texts: list[str] | None = None  # each row's output, kept when the workload checks them (JSON schemas)
+    token_ids: list[list[int]] | None = None  # each row's new tokens, kept when decoded until the end of generation
+    call_stats: list[Stats] | None = None  # ours: each generate() call's (the multi-turn report groups them by turn)
 
     @property
     def tokens_per_second(self) -> float:

@@ -39,8 +39,9 @@ def advise(
     """Measure this machine's costs and each drafter's acceptance; predict the speedup of every K; recommend.
 
     Times the target's step, v(n) = a forward of n tokens / a forward of 1 (n = 1..9) and the draft model's
-    forwards (1 and 2 tokens, its prompt); counts, for each drafter (the draft model, prompt lookup, and the suffix
-    drafter where installed), how often each draft position is kept on the prompts (one run at the largest K).
+    forwards (1 and 2 tokens, its prompt); counts, for each drafter (the draft model, prompt lookup, the suffix
+    drafter, and with --draft suffix+MODEL both MODEL alone and suffix+MODEL), how often each draft position is kept
+    on the prompts (one run at the largest K).
     Then prints the speedup Leviathan's formula gives for K = 1..8 (-k N: up to N), the measured speedup of each
     drafter's best K, the roofline (drafts always kept and free) and the recommendation. About a minute on the
     default pair with 2 threads (docs/ADVISE.md).

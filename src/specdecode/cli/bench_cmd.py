@@ -35,14 +35,18 @@ from . import bench_eval_cmd, bench_verify_cmd  # noqa: E402,F401  (they registe
 def bench(
     ctx: typer.Context,
     prompts: str = typer.Option("code", "--prompts", help="Prompt set: code, prose, edit, json (built in; json: "
-                                "requests for JSON, each with its schema), or a file (.jsonl of {\"prompt\": ..., "
-                                "\"schema\": ... (optional)}, or text: prompts separated by '---' lines, else one "
+                                "requests for JSON, each with its schema), multi-turn (built in: sessions of turns "
+                                "replayed in order, greedy, each answer until its end of generation; see below), or "
+                                "a file (.jsonl of {\"prompt\": ..., \"schema\": ... (optional)}, a .jsonl of "
+                                "sessions {\"turns\": [...]}, or text: prompts separated by '---' lines, else one "
                                 "per line)."),
     prompts_file: Optional[str] = typer.Option(None, "--prompts-file", help="Your own prompt file (overrides "
                                                "--prompts)."),
-    nb_prompts: Optional[int] = typer.Option(None, "--nb-prompts", help="Use only the first N prompts of the set."),
+    nb_prompts: Optional[int] = typer.Option(None, "--nb-prompts", help="Use only the first N prompts of the set "
+                                             "(multi-turn: the first N sessions; the kinds alternate)."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="New tokens per prompt (every method "
-                                       "makes exactly this many; with JSON schemas, at most this many)."),
+                                       "makes exactly this many; with JSON schemas or multi-turn, at most this "
+                                       "many)."),
     runs: int = typer.Option(3, "--runs", help="Timed runs of each method over all prompts (interleaved)."),
     warmup: int = typer.Option(1, "--warmup", help="Untimed warm-up runs of each method (first prompt only)."),
     temperature: str = typer.Option("0", "--temperature", help="0 = greedy; a comma list (0,0.7,1) sweeps."),
@@ -88,9 +92,23 @@ def bench(
     validity of every output; specdecode-unconstrained and
     specdecode-plain-unconstrained (only when named) decode the same
     prompts without their schemas, until the end-of-generation token.
+    specdecode-prompt-lookup and specdecode-suffix (only when named, or
+    multi-turn) are ours with those drafts whatever --draft is, so one run
+    compares --draft (a model, or suffix+MODEL) with both.
     Runs are interleaved after a warm-up. Reports tokens/s, ms/token,
     speedups, acceptance, the measured cost ratio c and verification cost v,
     and the theoretical speedup next to the measured one (fixed K).
+
+    Multi-turn (--prompts multi-turn): sessions that edit a file again and
+    again, regenerate an answer, or re-read a tool's output. Each turn's
+    prompt holds the earlier turns with ours plain's greedy answers (decoded
+    once, before timing), so every method decodes the same prompts, in
+    order, through one generator; a suffix draft's history is emptied before
+    every run, so it holds only the run's earlier turns and sessions.
+    Greedy, --batch-size 1. By default runs ours plain, ours with --draft,
+    prompt lookup and suffix, and llama.cpp's plain and prompt lookup;
+    reports tok/s per turn with ratios to llamacpp-plain and
+    llamacpp-prompt-lookup, and checks every answer against the reference.
 
     `specdecode bench latency` measures ms/token of the target alone and
     with the draft.
@@ -102,14 +120,19 @@ def bench(
 
         from ..bench import sanity as sanity_check
         from ..bench.peers import llama_setup, stock_models
+        from ..bench import sessions as multi_turn
         from ..bench.runner import Bench, BenchSettings
         from ..bench.workload import encode_prompts
         from ..sampling import SamplingParams
 
         temperatures = float_list(temperature, "--temperature")
-        items, prompt_name = load_prompt_set(prompts, prompts_file, nb_prompts)
-        schemas = _schemas(items)
-        chosen = _chosen_methods(methods, llama_speculative, schemas is not None)
+        sessions, prompt_name = None, prompts_file or prompts
+        if multi_turn.is_sessions(prompt_name):
+            sessions, items = multi_turn.load_sessions(prompt_name, nb_prompts), []
+        else:
+            items, prompt_name = load_prompt_set(prompts, prompts_file, nb_prompts)
+        schemas = _schemas(items) if items else None
+        chosen = _chosen_methods(methods, llama_speculative, schemas is not None, sessions is not None)
         draft_max = int_list(llama_draft_max, "--llama-draft-max")
         if sanity:
             if "auto" in opts.k_values:
@@ -121,14 +144,18 @@ def bench(
         settings = BenchSettings(ks=opts.k_values, temperatures=temperatures, max_new_tokens=max_new_tokens,
                                  runs=runs, warmup=warmup, top_k=top_k, top_p=top_p, methods=tuple(chosen),
                                  seed=seed, method=opts.method, cost_repeats=cost_repeats, batch_size=batch_size,
-                                 llama_draft_max=draft_max)
+                                 llama_draft_max=draft_max, suffix_history_tokens=opts.suffix_history_tokens)
         settings.check()
+        if sessions is not None:
+            multi_turn.check_settings(settings)
         for t in temperatures:
             SamplingParams(t, top_k, top_p)
         target_model, draft_model = load_pair(opts, quiet=quiet(json_path), rows=batch_size)
         if sanity:
             draft_model = target_model
-        prompt_ids = encode_prompts(target_model.tokenizer, [p.text for p in items], chat)
+        turns = _reference_turns(target_model, sessions, max_new_tokens, chat) if sessions is not None else None
+        prompt_ids = turns.prompt_ids if turns else encode_prompts(target_model.tokenizer, [p.text for p in items],
+                                                                   chat)
         info = {"target": opts.target, "draft": opts.target if sanity else (opts.draft if opts.has_draft else None),
                 "prompts": prompt_name, "chat": chat, "dtype": opts.dtype, "device": opts.device,
                 "backend": backend_name(target_model), "draft_quantize": None if sanity else opts.draft_quantize,
@@ -136,10 +163,11 @@ def bench(
         peer_target, peer_draft = stock_models(peer_models, opts, chosen, sanity, backend_name(target_model))
         llama = llama_setup(opts, target_model, draft_model, chosen, llama_speculative, sanity)
         runner = Bench(target_model, draft_model, prompt_ids, settings, info, peer_target, peer_draft, llama,
-                       schemas)
+                       schemas, turns)
         left_out = {m: why for m, why in runner.skipped.items() if m in chosen}
         if NO_DRAFT in left_out.values():
-            err.print("no draft (--draft none): running the plain methods only")
+            err.print(f"no draft (--draft none): {', '.join(m for m, why in left_out.items() if why == NO_DRAFT)} "
+                      f"left out")
         for method, why in left_out.items():
             if why != NO_DRAFT:
                 err.print(f"{method} left out: {why}", markup=False)
@@ -152,6 +180,8 @@ def bench(
             report["sanity"] = sanity_check.sanity_verdict(report)
         if json_path != "-":
             _print_bench(report)
+            if report["multi_turn"]:
+                _print_turns(report["multi_turn"], report["config"].get("draft"))
         write_json(report, json_path)
         if plot:
             from ..bench.plot import plot_report
@@ -162,19 +192,30 @@ def bench(
             raise typer.Exit(1)
 
 
-def _chosen_methods(methods: str, llama_speculative: Optional[str], structured: bool) -> list[str]:
-    """The methods of --methods. Left at its default: the default methods that fit the workload (free text, or
-    JSON schemas); llama-speculative joins them when its binary is given."""
+def _chosen_methods(methods: str, llama_speculative: Optional[str], structured: bool,
+                    multi_turn: bool = False) -> list[str]:
+    """The methods of --methods. Left at its default: the default methods that fit the workload (free text, JSON
+    schemas, or multi-turn); llama-speculative joins them when its binary is given (not on multi-turn: it does not
+    stop at the end of generation)."""
     chosen = [m.strip() for m in methods.split(",") if m.strip()]
     unknown = [m for m in chosen if m not in REGISTRY]
     if unknown or not chosen:
         raise CLIError(f"unknown --methods {', '.join(unknown) or '(none)'}: choose among {', '.join(METHODS)}")
     if methods != ",".join(DEFAULT_METHODS):
         return chosen
-    chosen = list(default_methods(structured))
-    if llama_speculative and not structured:
+    chosen = list(default_methods(structured, multi_turn))
+    if llama_speculative and not structured and not multi_turn:
         chosen.append(LlamaSpeculative.name)
     return chosen
+
+
+def _reference_turns(target_model, sessions, max_new_tokens: int, chat: bool):
+    """The multi-turn workload's prompts, built from ours plain's greedy answers (bench/sessions.py)."""
+    from ..bench.sessions import build_turns
+    from ..engine import AutoregressiveGenerator
+
+    with progress_bar(sum(len(s.turns) for s in sessions), "reference answers") as advance:
+        return build_turns(AutoregressiveGenerator(target_model), sessions, max_new_tokens, chat, advance)
 
 
 def _schemas(items) -> list[dict] | None:
@@ -227,7 +268,10 @@ def _print_bench(report: dict) -> None:
                               *((ratio(name + UNCONSTRAINED), _decode_ratio(block, name + UNCONSTRAINED))
                                 if free else ()),
                               *((_validity(block), _sources(block)) if structured else ()))
-                if not block["lengths_match"]:
+                if not block["lengths_match"] and config.get("workload") == "multi_turn":
+                    err.print(f"[yellow]warning:[/] {name}'s answers differ in length from the reference's (see the "
+                              f"same-text check below)")
+                elif not block["lengths_match"]:
                     err.print(f"[yellow]warning:[/] {name} made {block['new_tokens_per_prompt']} tokens per prompt, "
                               + (f"some cut at {config['max_new_tokens']}: raise --max-new-tokens" if structured
                                  else f"not {config['max_new_tokens']} each"))
@@ -309,3 +353,44 @@ def _sources(block: dict) -> str:
         return ""
     total = src["forced"] + src["drafted"] + src["sampled"]
     return " / ".join(f"{src[k] / total:.0%}" if total else "–" for k in ("forced", "drafted", "sampled"))
+
+
+def _print_turns(turns: dict, draft: Optional[str]) -> None:
+    """The multi-turn tables: per turn, every method's tok/s and ratios; per kind and turn, tok/s (× llamacpp-plain);
+    then the answers that differ from the reference's."""
+    from rich.table import Table
+
+    present = {b["method"] for g in turns["by_turn"] for b in g["methods"].values()}
+    peers = [p for p in turns["peers"] if p in present]
+    table = Table(title="multi-turn, per turn (greedy; tok/s end to end, prefill included)", title_justify="left")
+    for name in ("turn", "method", "tok/s", *[f"× {p}" for p in peers], "accept", "same text"):
+        table.add_column(name, justify="left" if name in ("turn", "method") else "right", no_wrap=True)
+    for group in turns["by_turn"]:
+        for i, (name, block) in enumerate(group["methods"].items()):
+            vs = block["speedup_vs"]
+            same = block["same_text"]
+            table.add_row(f"{group['turn']} ({group['prompts']})" if i == 0 else "", name,
+                          rate(block["tokens_per_second"]), *[fmt(vs.get(p), ".2f", "") + ("×" if vs.get(p) else "")
+                                                              for p in peers],
+                          fmt(block.get("acceptance_rate"), ".0%", ""),
+                          f"{same['identical']}/{same['answers']}" if same else "")
+        table.add_section()
+    out.print(table, soft_wrap=False)
+    names = list(turns["by_turn"][0]["methods"]) if turns["by_turn"] else []
+    kinds = Table(title="per kind and turn: tok/s (× llamacpp-plain)", title_justify="left")
+    for name in ("kind", "turn", *names):
+        kinds.add_column(name, justify="left" if name in ("kind", "turn") else "right", no_wrap=True)
+    for group in turns["by_kind_turn"]:
+        cells = [rate(b["tokens_per_second"]) + (f" ({b['speedup_vs']['llamacpp-plain']:.2f}×)"
+                                                  if "llamacpp-plain" in b["speedup_vs"] else "")
+                 for b in group["methods"].values()]
+        kinds.add_row(group["kind"], str(group["turn"]), *cells)
+    out.print(kinds, soft_wrap=False)
+    out.print(f"specdecode drafts with --draft {draft}; {turns['reference']}; {turns['history']}."
+              if draft else f"{turns['reference']}; {turns['history']}.", markup=False)
+    for m in turns["mismatches"][:10]:
+        err.print(f"[yellow]warning:[/] {m['method']} differs from the reference on {m['session']} turn {m['turn']} "
+                  f"(runs {', '.join(str(r + 1) for r in m['runs'])}) from token {m['first_difference']} "
+                  f"({m['tokens']} tokens, reference {m['reference_tokens']})", markup=True)
+    if len(turns["mismatches"]) > 10:
+        err.print(f"... and {len(turns['mismatches']) - 10} more (--json has them all)")

@@ -15,20 +15,24 @@ from .llamacpp_plain import LlamaCppPlain
 from .llamacpp_prompt_lookup import LlamaCppPromptLookup
 from .llamacpp_speculative import LlamaSpeculative
 from .specdecode import SpecDecode
+from .specdecode_copy import SpecDecodePromptLookup, SpecDecodeSuffix
 from .specdecode_plain import SpecDecodePlain
 from .specdecode_unconstrained import SpecDecodePlainUnconstrained, SpecDecodeUnconstrained
 
 REGISTRY: dict[str, type[BenchMethod]] = {cls.name: cls for cls in (
-    SpecDecodePlain, SpecDecode, HFPlain, HFAssisted, LlamaCppPlain, LlamaCppPromptLookup, LlamaCppJsonSchema,
-    SpecDecodePlainUnconstrained, SpecDecodeUnconstrained, LlamaSpeculative)}
+    SpecDecodePlain, SpecDecode, SpecDecodePromptLookup, SpecDecodeSuffix, HFPlain, HFAssisted, LlamaCppPlain,
+    LlamaCppPromptLookup, LlamaCppJsonSchema, SpecDecodePlainUnconstrained, SpecDecodeUnconstrained, LlamaSpeculative)}
 METHODS = tuple(REGISTRY)
 # BenchSettings' default methods: all but those that run only when named
 ALL_BUT_ON_REQUEST = tuple(name for name, cls in REGISTRY.items() if not cls.on_request)
 
 
-def default_methods(structured: bool = False) -> tuple[str, ...]:
-    """The methods run unless --methods names others: the default ones that fit the workload (free text, or
-    prompts with JSON schemas)."""
+def default_methods(structured: bool = False, multi_turn: bool = False) -> tuple[str, ...]:
+    """The methods run unless --methods names others: the default ones that fit the workload (free text, prompts
+    with JSON schemas, or multi-turn sessions: every method that stops at the end of generation, so that ours with
+    each draft and llama.cpp's peers compete in one run)."""
+    if multi_turn:
+        return tuple(name for name, cls in REGISTRY.items() if cls.stops_at_eos and not cls.structured_only)
     return tuple(name for name, cls in REGISTRY.items()
                  if cls.default and (cls.structured if structured else not cls.structured_only))
 

@@ -17,9 +17,12 @@ from ..units import Measurement, Unit
 
 OURS, TRANSFORMERS, LLAMACPP = "ours", "transformers", "llama.cpp"  # what a method's runs_on may be
 NO_DRAFT = "no draft (--draft none)"  # why a method that needs a draft is left out
+NOT_MULTI_TURN = ("makes exactly max_new_tokens tokens, past the end of generation: the multi-turn workload stops "
+                  "each answer there")
 
 if TYPE_CHECKING:
     from ..peers import LlamaPeerSetup
+    from ..sessions import TurnPlan
     from ..settings import BenchSettings
 
 
@@ -30,7 +33,9 @@ class BenchContext:
     plain / spec: our generators (spec: one per K of the settings; empty without a draft). hf_target / hf_draft:
     the transformers models transformers' methods run on (None when not transformers models). llama: the GGUF
     files, threads and binary of llama.cpp's methods (None: they are left out); llama_ctx: the context of every
-    llama.cpp model, large enough for any prompt, its new tokens and a step of drafts.
+    llama.cpp model, large enough for any prompt, its new tokens and a step of drafts. target: the target as the
+    caller loaded it (the generators of the methods that bring their own drafter). turns: the multi-turn workload
+    (bench/sessions.py; None: every prompt stands alone).
     """
 
     settings: BenchSettings
@@ -45,11 +50,24 @@ class BenchContext:
     llama_ctx: int = 0
     llama_binary: object = None  # the llama-speculative binary, found by that method when it runs
     schemas: list[dict] | None = None  # each prompt's JSON schema (the json workload); None: free text
+    target: object = None
+    turns: TurnPlan | None = None
     _llama_peers: object = field(default=None, repr=False)
 
     @property
     def tokenizer(self):
         return self.plain.tokenizer
+
+    @property
+    def until_eos(self) -> bool | None:
+        """Every answer stops at its end-of-generation token (the multi-turn workload); None: the method's own
+        rule (exactly max_new_tokens, or the end of the JSON value)."""
+        return True if self.turns is not None else None
+
+    @property
+    def stop_ids(self) -> set[int] | None:
+        """The tokens that end an answer when until_eos: our generator's, so every method stops alike."""
+        return set(self.plain.eos_token_ids) if self.turns is not None else None
 
     @property
     def auto_max(self) -> int:
@@ -84,7 +102,8 @@ class BenchMethod(ABC):
     llama.cpp's (the target's GGUF file; the report then describes llama.cpp's setup); structured: it decodes
     under each prompt's JSON schema (a workload with schemas runs only such methods); structured_only: it runs
     only on such a workload; on_request: left out of a Bench whose settings do not name it (BenchSettings' default
-    methods are the others).
+    methods are the others); stops_at_eos: it can stop each answer at its end-of-generation token, so it runs on
+    the multi-turn workload (and is one of that workload's default methods).
     """
 
     name: ClassVar[str]
@@ -96,6 +115,7 @@ class BenchMethod(ABC):
     structured: ClassVar[bool] = False
     structured_only: ClassVar[bool] = False
     on_request: ClassVar[bool] = False
+    stops_at_eos: ClassVar[bool] = False
 
     def __init__(self, ctx: BenchContext):
         self.ctx = ctx
@@ -112,6 +132,8 @@ class BenchMethod(ABC):
             return "does not constrain its output to a JSON schema (the workload has schemas)"
         if ctx.schemas is None and cls.structured_only:
             return "runs only on a workload with JSON schemas (--prompts json)"
+        if ctx.turns is not None and not cls.stops_at_eos:
+            return NOT_MULTI_TURN
         return cls.unavailable(ctx)
 
     def units(self, temperature: float) -> list[Unit]:

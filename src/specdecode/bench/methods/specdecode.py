@@ -1,6 +1,12 @@
 """specdecode: our speculative decoding (SpeculativeGenerator) with the draft and K (a number, or "auto": the
 engine's adaptive K); on the json workload, under each prompt's JSON schema. The fixed-K configurations get
-Leviathan et al.'s expected speedup, with the measured costs, next to the measured one."""
+Leviathan et al.'s expected speedup, with the measured costs, next to the measured one.
+
+A suffix draft (--draft suffix, suffix+MODEL) keeps a history of earlier prompts and answers and copies from it.
+Every run (warm-up or timed) starts with an empty history (fresh_history): within a run it holds what a server
+would have seen before each request (the earlier prompts of the run), never an answer from an earlier run of the
+same prompts, nor another K's or method's.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +21,25 @@ class SpecDecode(BenchMethod):
     plain = "specdecode-plain"
     recommends = True
     structured = True
+    stops_at_eos = True
 
     @classmethod
     def unavailable(cls, ctx: BenchContext) -> str | None:
         return None if ctx.has_draft else NO_DRAFT
 
+    def __init__(self, ctx: BenchContext):
+        super().__init__(ctx)
+        self.generators = ctx.spec  # one per K
+
+    def generator(self, unit: Unit):
+        """The unit's generator, its suffix history (if any) emptied: a run starts from nothing seen."""
+        generator = self.generators[unit.k]
+        fresh_history(generator.drafter)
+        return generator
+
     def run(self, unit: Unit, batches, seed: int, schemas=None) -> Measurement:
-        return run_ours(self.ctx.spec[unit.k], batches, seed=seed, json_schemas=schemas, **self.sampling(unit))
+        return run_ours(self.generator(unit), batches, seed=seed, json_schemas=schemas,
+                        until_eos=self.ctx.until_eos, **self.sampling(unit))
 
     def report(self, unit: Unit, runs: list[Measurement]) -> dict:
         from ..stats import merge_stats
@@ -59,3 +77,14 @@ class SpecDecode(BenchMethod):
         spec["expected_speedup"] = theory["expected_speedup"]
         spec["expected_speedup_refined"] = theory["expected_speedup_refined"]
         return theory
+
+
+def fresh_history(drafter) -> None:
+    """Empty the history of a suffix drafter (suffix+MODEL's suffix part; any other drafter has none), keeping its
+    size. Rows left from the last call leave first, into the old history, so none reaches the new one."""
+    from ...drafters import SuffixDrafter, SuffixHistory
+
+    suffix = getattr(drafter, "suffix", drafter)
+    if isinstance(suffix, SuffixDrafter):
+        suffix.select_rows([])
+        suffix.history = SuffixHistory(suffix.history.max_tokens)

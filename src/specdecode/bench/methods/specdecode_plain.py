@@ -20,7 +20,7 @@ def run_ours(generator, batches: list[list[list[int]]], max_new_tokens: int, tem
     from ..stats import merge_stats
 
     until_eos = json_schemas is not None if until_eos is None else until_eos
-    per_tokens, per_seconds, all_stats, texts = [], [], [], []
+    per_tokens, per_seconds, all_stats, texts, ids = [], [], [], [], []
     for i, rows in enumerate(batches):
         schemas = json_schemas[i] if json_schemas is not None else None
         t0 = time.perf_counter()
@@ -31,8 +31,10 @@ def run_ours(generator, batches: list[list[list[int]]], max_new_tokens: int, tem
         per_tokens += [len(t) for t in result.token_ids]
         all_stats.append(result.stats)
         texts += result.texts or []
+        ids += result.token_ids
     return Measurement(sum(per_tokens), sum(per_seconds), per_tokens, per_seconds, stats=merge_stats(all_stats),
-                       texts=texts if until_eos else None)
+                       texts=texts if until_eos else None, token_ids=ids if until_eos else None,
+                       call_stats=all_stats)
 
 
 def ours_report(runs: list[Measurement], structured: bool = False) -> dict:
@@ -56,9 +58,11 @@ def ours_report(runs: list[Measurement], structured: bool = False) -> dict:
 class SpecDecodePlain(BenchMethod):
     name = "specdecode-plain"
     structured = True
+    stops_at_eos = True
 
     def run(self, unit: Unit, batches, seed: int, schemas=None) -> Measurement:
-        return run_ours(self.ctx.plain, batches, seed=seed, json_schemas=schemas, **self.sampling(unit))
+        return run_ours(self.ctx.plain, batches, seed=seed, json_schemas=schemas, until_eos=self.ctx.until_eos,
+                        **self.sampling(unit))
 
     def report(self, unit: Unit, runs: list[Measurement]) -> dict:
         return ours_report(runs, structured=self.ctx.schemas is not None)

@@ -22,7 +22,7 @@ class SpecDecodeUnconstrained(SpecDecode):
     on_request = True
 
     def run(self, unit: Unit, batches, seed: int, schemas=None) -> Measurement:
-        return run_ours(self.ctx.spec[unit.k], batches, seed=seed, until_eos=True, **self.sampling(unit))
+        return run_ours(self.generator(unit), batches, seed=seed, until_eos=True, **self.sampling(unit))
 
     def theory(self, k, blocks: dict, costs: dict) -> dict | None:
         return None

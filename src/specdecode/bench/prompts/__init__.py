@@ -6,6 +6,7 @@ Built-in sets (JSON lines, one {"id", "prompt"} object per line, shipped as pack
 - edit:  code-editing tasks whose answer repeats most of the input (the best case for speculation),
 - json:  chat-style requests for JSON (extract an invoice, fill a form, ...), each with the JSON schema its answer
          must follow ({"id", "prompt", "schema"}): the workload of structured outputs.
+multi_turn.jsonl holds sessions, not prompts: `--prompts multi-turn`, read by bench/sessions.py.
 
 A user file (for bench, and for `generate --prompts-file`: one reader, parse_prompts) may be .jsonl (objects
 with a "prompt" key and optionally a "schema" object, or JSON strings), or plain text: prompts separated by
