@@ -151,3 +151,30 @@ class RowGrammars:
         # A state that allows nothing (a path past the grammar's end) is never sampled from; an all-False row would
         # only turn into NaNs in the distributions of positions that the verification never reaches.
         return TokenMask.everything(self.vocab_size) if mask.empty else mask
+
+
+def with_forced(proposal, forced: list[list[int]], sampling):
+    """The step's drafts [B, K] and q: the drafter's, with each forced row's run in place of its drafts. A forced
+    token is a deterministic draft (q one-hot where the batch has a dense q): kept with probability p(x), which is 1
+    where the grammar allows x alone, so the verification needs no special case to stay exact."""
+    tokens, q = proposal.tokens, proposal.q
+    if not any(forced):
+        return tokens, q
+    width = max(tokens.shape[1], max(map(len, forced)))
+    out = torch.zeros(tokens.shape[0], width, dtype=torch.long, device=tokens.device)
+    out[:, : tokens.shape[1]] = tokens
+    for b, run in enumerate(forced):
+        if run:
+            out[b, : len(run)] = torch.tensor(run, dtype=torch.long, device=tokens.device)
+    if q is None:
+        return out, None
+    dense = torch.zeros(q.shape[0], width, q.shape[2], dtype=q.dtype, device=q.device)
+    dense[:, : q.shape[1]] = q
+    dense[:, q.shape[1]:] = 1.0 / q.shape[2]  # never read: past each model row's drafts
+    position = {int(b): s for s, b in enumerate(sampling.sampled_index.tolist())}
+    for b, run in enumerate(forced):
+        if run and b in position:
+            dense[position[b]] = 0.0
+            dense[position[b], torch.arange(len(run)), torch.tensor(run)] = 1.0
+            dense[position[b], len(run):] = 1.0 / q.shape[2]
+    return out, dense

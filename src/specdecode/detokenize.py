@@ -40,3 +40,15 @@ class IncrementalDetokenizer:
         self.prefix_offset = self.read_offset = len(self.tokens)
         self.text += delta
         return delta
+
+
+def find_stop(text: str, delta: str | None, stops) -> int | None:
+    """Index in text where the earliest stop string begins, searching only where the new delta can reach."""
+    if not delta:
+        return None
+    hits = []
+    for s in stops:
+        pos = text.find(s, max(0, len(text) - len(delta) - len(s) + 1))
+        if pos >= 0:
+            hits.append(pos)
+    return min(hits) if hits else None

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .backends.base import max_rows, pad
-from .constrained import RowGrammars
-from .detokenize import IncrementalDetokenizer
+from .backends.base import caches_prefixes, max_rows, pad
+from .constrained import RowGrammars, with_forced
+from .detokenize import IncrementalDetokenizer, find_stop
 from .drafters import Proposal
 from .results import GenerationResult, RowStats, Stats, TokenEvent
 from .sampling import BatchSampling, RowGenerators
@@ -85,7 +85,7 @@ class DecodingSession:
         self.rows: dict[int, Row] = {}
         self.active: list[Row] = []
         self.waiting: deque[Row] = deque()
-        self._staging = None  # rows being prefilled: (rows, target fork, ids, valid, next column)
+        self._staging = None  # rows being prefilled: [rows, target fork, ids, valid, next column, copies, their fork]
         self.sampling = BatchSampling([], self.device)
         self.generators = RowGenerators([], self.device)
         self.grammars = RowGrammars([], self.target.vocab_size, self.device)
@@ -93,6 +93,7 @@ class DecodingSession:
         self.hidden_wanted = self.drafter is not None and self.drafter.needs_hidden_states
         # Hidden states of a cached prefix are not kept: a drafter that reads them prefills whole prompts.
         self.prefix_cache = None if self.hidden_wanted else gen.prefix_cache
+        self.shares_prompts = caches_prefixes(self.target) and not self.hidden_wanted
         max_k = self.policy.max_k
         self.stats = Stats(num_speculative_tokens=max_k, accepted_per_position=[0] * max_k,
                            proposed_per_position=[0] * max_k, policy="auto" if self.policy.adaptive else "fixed")
@@ -112,7 +113,7 @@ class DecodingSession:
 
     @property
     def queued(self) -> int:
-        return len(self.waiting) + (len(self._staging[0]) if self._staging else 0)
+        return len(self.waiting) + (len(self._staging[0]) + len(self._staging[5]) if self._staging else 0)
 
     def add(self, request) -> int:
         """Queue a request; returns its row id (TokenEvent.row of its tokens). It joins at the next step."""
@@ -171,7 +172,7 @@ class DecodingSession:
         if self._staging is None:
             return []
         start = time.perf_counter()
-        rows, fork, ids, valid, col = self._staging
+        rows, fork, ids, valid, col, copies, extra = self._staging
         end = col + self._prefill_columns(ids.shape[1] - col, len(rows), rows[0].stats.cached_tokens + col)
         chunk_valid = valid[:, col:end] if valid is not None else None
         logits, hidden = _forward(fork, ids[:, col:end], chunk_valid, self.hidden_wanted, last_only=True)
@@ -180,19 +181,33 @@ class DecodingSession:
             self._staging[4] = end
         else:
             self._staging = None
+            if copies:
+                rows, ids, valid, logits = self._copy_prompts(rows, fork, copies, extra, logits)
             events = self._join(rows, fork, ids, valid, logits, hidden)
         self.stats.prefill_time_s += time.perf_counter() - start
         return [] if self._staging is not None else events
 
     def _stage(self, rows: list[Row]) -> list:
         """A fork of the target for joining rows, each starting from the longest prefix of its prompt whose KV is
-        cached (a finished or a running row's); what is left of the prompts is prefilled from there."""
+        cached (a finished or a running row's); what is left of the prompts is prefilled from there. Rows with the
+        same prompt (a request's n choices) prefill it once: the others copy its KV when it is done (_copy_prompts)."""
+        copies = []  # (row, the joining row it copies: an index into the rows prefilled)
+        if self.shares_prompts:
+            first: dict[tuple, int] = {}
+            unique = []
+            for row in rows:
+                at = first.setdefault(tuple(row.request.prompt), len(unique))
+                if at == len(unique):
+                    unique.append(row)
+                else:
+                    copies.append((row, at))
+            rows = unique
         cache, prompts = self.prefix_cache, [r.request.prompt for r in rows]
         hits = [None] * len(rows)
         if cache is not None:
             running = [(r.request.prompt + r.tokens, n) for r, n in zip(self.active, self.target.lengths)]
             hits = [cache.lookup(self.target, p, running, self.prefill_tokens_per_step) for p in prompts]
-            if not cache.make_room(self.target, len(rows), [h[0] for h in hits if h]):
+            if not cache.make_room(self.target, len(rows) + len(copies), [h[0] for h in hits if h]):
                 hits = [None] * len(rows)
         fork = self.target.fork(len(rows))
         if any(hits):
@@ -203,7 +218,21 @@ class DecodingSession:
             if cache is not None:
                 cache.record(len(row.request.prompt), row.stats.cached_tokens)
         ids, valid = pad([p[r.stats.cached_tokens:] for p, r in zip(prompts, rows)], self.device, side="left")
-        return [rows, fork, ids, valid, 0]
+        extra = self.target.fork(len(copies)) if copies else None  # their rows, reserved now
+        return [rows, fork, ids, valid, 0, copies, extra]
+
+    def _copy_prompts(self, rows: list[Row], fork, copies: list, extra, logits):
+        """Rows whose prompt another joining row has just prefilled start from a copy of its KV and its last logits
+        (the same numbers a prefill of their own would give alone), after the prefilled rows."""
+        extra.load_prefixes([(fork.kv_ref(i), len(row.request.prompt)) for row, i in copies])
+        fork.merge(extra)
+        for row, _ in copies:
+            row.stats.cached_tokens = len(row.request.prompt)
+            self.stats.cached_prompt_tokens += row.stats.cached_tokens
+        rows = rows + [row for row, _ in copies]
+        logits = torch.cat([logits, logits[[i for _, i in copies]]])
+        ids, valid = pad([r.request.prompt for r in rows], self.device, side="left")
+        return rows, ids, valid, logits
 
     def _prefill_columns(self, left: int, rows: int, position: int) -> int:
         """A row joining alone is cut at multiples of the budget from its prompt's start, as a cold prefill is, so
@@ -268,7 +297,7 @@ class DecodingSession:
         if sampling.any_coupled:
             sampling.noise = self.generators.noise(max(widths) + 1, self.target.vocab_size)
         proposal = self._propose(k_rows, u_draft)
-        drafts, q = _with_forced(proposal, forced, self.sampling)
+        drafts, q = with_forced(proposal, forced, self.sampling)
         masks = None
         if self.grammars.any:  # free batches skip this: drafts.tolist() would be a host sync before the forward
             masks, widths = self.grammars.verify_masks(drafts.tolist(), widths)
@@ -383,7 +412,7 @@ class DecodingSession:
             text = row.detok.add(token) if row.detok is not None else None
             if token in stop_ids:
                 row.finish_reason = "stop"
-            elif stops and (hit := _find_stop(row.detok.text, text, stops)) is not None:
+            elif stops and (hit := find_stop(row.detok.text, text, stops)) is not None:
                 row.finish_reason, row.stop_at = "stop", hit
                 text = text[: max(0, len(text) - (len(row.detok.text) - hit))]
             elif row.remaining == 0:
@@ -454,47 +483,8 @@ def _last_kind(k: int, accepted: int) -> str:
     return "bonus" if accepted == k else "resampled"
 
 
-def _with_forced(proposal: Proposal, forced: list[list[int]], sampling: BatchSampling):
-    """The step's drafts [B, K] and q: the drafter's, with each forced row's run in place of its drafts. A forced
-    token is a deterministic draft (q one-hot where the batch has a dense q): kept with probability p(x), which is 1
-    where the grammar allows x alone, so the verification needs no special case to stay exact."""
-    tokens, q = proposal.tokens, proposal.q
-    if not any(forced):
-        return tokens, q
-    width = max(tokens.shape[1], max(map(len, forced)))
-    out = torch.zeros(tokens.shape[0], width, dtype=torch.long, device=tokens.device)
-    out[:, : tokens.shape[1]] = tokens
-    for b, run in enumerate(forced):
-        if run:
-            out[b, : len(run)] = torch.tensor(run, dtype=torch.long, device=tokens.device)
-    if q is None:
-        return out, None
-    dense = torch.zeros(q.shape[0], width, q.shape[2], dtype=q.dtype, device=q.device)
-    dense[:, : q.shape[1]] = q
-    dense[:, q.shape[1]:] = 1.0 / q.shape[2]  # never read: past each model row's drafts
-    position = {int(b): s for s, b in enumerate(sampling.sampled_index.tolist())}
-    for b, run in enumerate(forced):
-        if run and b in position:
-            dense[position[b]] = 0.0
-            dense[position[b], torch.arange(len(run)), torch.tensor(run)] = 1.0
-            dense[position[b], len(run):] = 1.0 / q.shape[2]
-    return out, dense
-
-
 def _forward(backend, ids, valid, hidden_wanted: bool, last_only: bool = False):
     """(logits, hidden or None): hidden states are asked for only when the drafter needs them."""
     if hidden_wanted:
         return backend.forward(ids, valid, last_only=last_only, output_hidden=True)
     return backend.forward(ids, valid, last_only=last_only), None
-
-
-def _find_stop(text: str, delta: str | None, stops) -> int | None:
-    """Index in text where the earliest stop string begins, searching only where the new delta can reach."""
-    if not delta:
-        return None
-    hits = []
-    for s in stops:
-        pos = text.find(s, max(0, len(text) - len(delta) - len(s) + 1))
-        if pos >= 0:
-            hits.append(pos)
-    return min(hits) if hits else None
