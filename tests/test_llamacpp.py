@@ -31,14 +31,6 @@ PROMPT = "Write a Python function that returns the sum of a list.\n"
 
 
 @pytest.fixture(scope="module")
-def smol_path():
-    info = registry.get_model_info(SMOL)
-    if not info.installed:
-        pytest.skip(f"needs the SmolLM2 GGUF package: {info.pip_command}")
-    return registry.part_path(info.parts[0], info)
-
-
-@pytest.fixture(scope="module")
 def smol(smol_path):
     """A factory of backends on the SmolLM2 file (one thread, a small context)."""
     def make(**options):

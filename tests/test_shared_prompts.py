@@ -31,17 +31,6 @@ def _run(gen, prompts, share=True, budget=None, max_new_tokens=10, cancel=None, 
 
 
 # ---------------------------------------------------------------------------------------------- llama.cpp
-@pytest.fixture(scope="module")
-def smol_path():
-    pytest.importorskip("llama_cpp")
-    from specdecode.models import registry
-
-    info = registry.get_model_info("smollm2-135m-instruct")
-    if not info.installed:
-        pytest.skip(f"needs the SmolLM2 GGUF package: {info.pip_command}")
-    return registry.part_path(info.parts[0], info)
-
-
 def _llama(path, rows, draft=None, k=0):
     from specdecode.backends.llamacpp import EXACT_TOKENS_PER_FORWARD, LlamaCppBackend
 
