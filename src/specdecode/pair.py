@@ -49,6 +49,7 @@ class ModelOptions:
     exact_greedy: bool = False
     trust_remote_code: bool = False
     suffix_history_tokens: int = DEFAULT_SUFFIX_HISTORY_TOKENS  # the suffix draft's history of earlier requests
+    tree_width: int = 1  # --draft suffix: children per node of its token trees (1: chains)
 
     @property
     def has_draft(self) -> bool:
@@ -121,6 +122,8 @@ def check_options(opts: ModelOptions) -> None:
     if opts.suffix_history_tokens < 0:
         raise OptionError("suffix_history_tokens", f"suffix_history_tokens must be >= 0 (0: no history), got "
                                                    f"{opts.suffix_history_tokens}")
+    if isinstance(opts.tree_width, bool) or not isinstance(opts.tree_width, int) or not 1 <= opts.tree_width <= 16:
+        raise OptionError("tree_width", f"tree_width must be an integer 1..16 (1: chains), got {opts.tree_width!r}")
     LoadOptions(device=opts.device, dtype=opts.dtype, device_map=opts.device_map, threads=opts.threads)
     if opts.draft_with_suffix:
         _check_suffix_model(opts)
@@ -203,13 +206,15 @@ def lookup_drafter(opts: ModelOptions):
     """The drafter a LOOKUP_DRAFTS name stands for (a suffix draft with its own history of earlier requests)."""
     from .drafters import PromptLookupDrafter
 
-    return _suffix_drafter(opts) if opts.draft.lower() == SUFFIX else PromptLookupDrafter()
+    if opts.draft.lower() == SUFFIX:
+        return _suffix_drafter(opts, opts.tree_width)
+    return PromptLookupDrafter()
 
 
-def _suffix_drafter(opts: ModelOptions):
+def _suffix_drafter(opts: ModelOptions, tree_width: int = 1):
     from .drafters import SuffixDrafter
 
-    return SuffixDrafter(history_tokens=opts.suffix_history_tokens)
+    return SuffixDrafter(history_tokens=opts.suffix_history_tokens, tree_width=tree_width)
 
 
 def load_pair(opts: ModelOptions, rows: int = 1, progress=None):

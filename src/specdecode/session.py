@@ -20,7 +20,7 @@ from .detokenize import IncrementalDetokenizer, find_stop
 from .drafters import Proposal
 from .results import GenerationResult, RowStats, Stats, TokenEvent
 from .sampling import BatchSampling, RowGenerators
-from .verification import token_logprobs, verify_rows
+from .verification import Verified, token_logprobs, verify_rows, verify_tree_rows
 
 MAX_FORCED = 16  # tokens of a forced run verified in one forward (a longer run continues next step)
 
@@ -52,19 +52,6 @@ class Row:
         return self.request.max_new_tokens - len(self.tokens)
 
 
-@dataclass
-class Verified:
-    """What one verification decided, per row: the proposal's tokens, how many were kept, the token after them."""
-
-    drafts: list[list[int]]
-    accepted: list[int]
-    next_tokens: list[int]
-    scores: torch.Tensor  # [B, K+1, V]: what each position's token was drawn from (for logprobs)
-
-    def emitted(self, b: int) -> list[int]:
-        return self.drafts[b][: self.accepted[b]] + [self.next_tokens[b]]
-
-
 class DecodingSession:
     """One running batch on a generator's models: rows join between steps and leave when they finish.
 
@@ -94,6 +81,7 @@ class DecodingSession:
         # Hidden states of a cached prefix are not kept: a drafter that reads them prefills whole prompts.
         self.prefix_cache = None if self.hidden_wanted else gen.prefix_cache
         self.shares_prompts = caches_prefixes(self.target) and not self.hidden_wanted
+        self.trees = bool(getattr(self.target, "supports_trees", False)) and not self.hidden_wanted
         max_k = self.policy.max_k
         self.stats = Stats(num_speculative_tokens=max_k, accepted_per_position=[0] * max_k,
                            proposed_per_position=[0] * max_k, policy="auto" if self.policy.adaptive else "fixed")
@@ -289,6 +277,8 @@ class DecodingSession:
         active, sampling = self.active, self.sampling
         forced = self.grammars.forced([min(MAX_FORCED, r.remaining - 1) for r in active]) if self.grammars.any \
             else [[]] * len(active)
+        if self.drafter is not None:  # a grammar's masks follow chains: constrained batches draft chains
+            self.drafter.use_trees(self.trees and not self.grammars.any)
         k_rows = self._choose_k(forced)
         widths = [len(f) or k for f, k in zip(forced, k_rows)]
         last = torch.tensor([[r.tokens[-1]] for r in active], dtype=torch.long, device=self.device)
@@ -301,15 +291,29 @@ class DecodingSession:
         masks = None
         if self.grammars.any:  # free batches skip this: drafts.tolist() would be a host sync before the forward
             masks, widths = self.grammars.verify_masks(drafts.tolist(), widths)
+        tree = proposal.parents
         t1 = self._clock()
-        logits, hidden = _forward(self.target, torch.cat([last, drafts], dim=1), None, self.hidden_wanted)
+        if tree is None:
+            logits, hidden = _forward(self.target, torch.cat([last, drafts], dim=1), None, self.hidden_wanted)
+        else:
+            logits, hidden = self.target.forward_tree(torch.cat([last, drafts], dim=1), tree), None
         scores = sampling.scores(logits, masks)
-        num_accepted, next_token = verify_rows(drafts, q, scores, sampling, u_verify, widths, self.gen.method)
-        t2 = self._clock()
-        verified = Verified(drafts.tolist(), num_accepted.tolist(), next_token.tolist(), scores)  # the one sync
+        if tree is None:
+            num_accepted, next_token = verify_rows(drafts, q, scores, sampling, u_verify, widths, self.gen.method)
+            t2 = self._clock()
+            verified = Verified(drafts.tolist(), num_accepted.tolist(), next_token.tolist(), scores)  # the one sync
+        else:
+            tokens = drafts.tolist()
+            paths, next_tokens = verify_tree_rows(tokens, tree, scores, sampling, u_verify, widths)
+            t2 = self._clock()
+            verified = Verified.of_tree(tokens, tree, widths, paths, next_tokens, scores,
+                                        any(r.request.logprobs is not None for r in active))
         t2 = t2 if self.gen.timing else time.perf_counter()
         accepted = verified.accepted
-        self.target.trim([n + 1 + a for n, a in zip(lengths, accepted)])
+        if tree is None:
+            self.target.trim([n + 1 + a for n, a in zip(lengths, accepted)])
+        else:
+            self.target.keep_paths(verified.paths)
         self.generators.advance([a + 1 for a in accepted])
         emitted = [verified.emitted(b) for b in range(len(active))]
         self.grammars.advance(emitted)
@@ -319,8 +323,9 @@ class DecodingSession:
         draft_s = t1 - t0 - proposal.catch_up_s if proposal.clean else None
         self._observe(max(widths), widths, forced, accepted, draft_s, t2 - t1, proposal.free)
         events = []
-        for b, row in enumerate(active):
-            events += self._emit(row, verified, b, widths[b], len(forced[b]))
+        for b, row in enumerate(active):  # (a tree row's last token is a bonus when its path ended at a leaf)
+            k = verified.accepted[b] if verified.leaves and verified.leaves[b] else widths[b]
+            events += self._emit(row, verified, b, k, len(forced[b]))
         self._count(widths, forced, accepted)
         self._drop_finished()
         self.stats.draft_time_s += t1 - t0

@@ -1,13 +1,44 @@
 """One step's verification for a batch whose rows sample differently: greedy rows, rejection-sampled rows and
-Gumbel-coupled rows each checked by their own exact rule, on the scores their tokens are drawn from; and the
-log-probabilities of the tokens a step emits, read off the same scores."""
+Gumbel-coupled rows each checked by their own exact rule, on the scores their tokens are drawn from (chains, or
+token trees: verify_tree_rows); and the log-probabilities of the tokens a step emits, read off the same scores."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from .rejection import verify, verify_greedy
 from .sampling import BatchSampling
+from .token_tree import depths, verify_tree_greedy, verify_tree_sampled
+
+
+@dataclass
+class Verified:
+    """What one verification decided, per row: the proposal's tokens, how many were kept, the token after them."""
+
+    drafts: list[list[int]]
+    accepted: list[int]
+    next_tokens: list[int]
+    scores: torch.Tensor  # [B, K+1, V]: what each position's token was drawn from (for logprobs)
+    paths: list[list[int]] | None = None  # a tree step's kept nodes per row (drafts then lists their tokens)
+    leaves: list[bool] | None = None  # a tree step: whether the row's path ended at a leaf (its last token a bonus)
+
+    def emitted(self, b: int) -> list[int]:
+        return self.drafts[b][: self.accepted[b]] + [self.next_tokens[b]]
+
+    @classmethod
+    def of_tree(cls, tokens: list[list[int]], parents: list[list[int]], widths: list[int], paths: list[list[int]],
+                next_tokens: list[int], scores: torch.Tensor, logprobs: bool) -> "Verified":
+        """A tree step's outcome as a chain's: the kept nodes' tokens, and (for logprobs) the scores along them."""
+        if logprobs:
+            at = [[0] + [i + 1 for i in path] for path in paths]
+            width = max(map(len, at))
+            index = torch.tensor([a + [0] * (width - len(a)) for a in at], device=scores.device)
+            scores = scores.gather(1, index.unsqueeze(-1).expand(-1, -1, scores.shape[-1]))
+        drafts = [[row[i] for i in path] for row, path in zip(tokens, paths)]
+        leaves = [(path[-1] if path else -1) not in par[:n] for par, n, path in zip(parents, widths, paths)]
+        return cls(drafts, [len(p) for p in paths], next_tokens, scores, paths, leaves)
 
 
 def verify_rows(drafts: torch.Tensor, q: torch.Tensor | None, scores: torch.Tensor, sampling: BatchSampling,
@@ -50,3 +81,26 @@ def token_logprobs(scores: torch.Tensor, tokens: list[int], top: int) -> tuple[l
         return chosen, [() for _ in tokens]
     values, ids = torch.topk(logp, min(top, logp.shape[-1]), dim=-1)
     return chosen, [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+
+
+def verify_tree_rows(tokens: list[list[int]], parents: list[list[int]], scores: torch.Tensor,
+                     sampling: BatchSampling, u: torch.Tensor, widths: list[int]) -> tuple[list[list[int]], list[int]]:
+    """(path, next_token) per row of a tree step (token_tree.py): row b's first widths[b] nodes, scores [B, N+1, V]
+    at its tree positions (0: after the root). Greedy rows walk the argmax, coupled rows the argmax of scores plus
+    the noise of each position's depth, sampled rows the multi-candidate rule with u[b, :n] and u[b, -1]."""
+    paths, next_tokens = [], []
+    coupled_rank = {int(b): i for i, b in enumerate(sampling.sampled_index[sampling.coupled_pos])} \
+        if sampling.any_coupled else {}
+    for b, n in enumerate(widths):
+        toks, par = tokens[b][:n], parents[b][:n]
+        row = scores[b, : n + 1]
+        if sampling.greedy_rows[b]:
+            path, nxt = verify_tree_greedy(toks, par, row)
+        elif b in coupled_rank:
+            noise = sampling.noise[coupled_rank[b]][[0] + depths(par)]
+            path, nxt = verify_tree_greedy(toks, par, row.double() + noise)
+        else:
+            path, nxt = verify_tree_sampled(toks, par, torch.softmax(row, dim=-1), torch.cat([u[b, :n], u[b, -1:]]))
+        paths.append(path)
+        next_tokens.append(nxt)
+    return paths, next_tokens

@@ -20,6 +20,7 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+from ..token_tree import ancestors_mask, depths
 from ..vocab import embedding_rows
 from . import register_backend
 
@@ -107,6 +108,52 @@ class HFBackend:
             self.mask = mask & (mask.long().cumsum(dim=1) <= keep)
             self._drop_trailing_holes()
         self._lengths = list(lengths)
+
+    # ------------------------------------------------------------------ token trees (token_tree.py)
+    @property
+    def supports_trees(self) -> bool:
+        """A tree step needs a custom 4D mask, which replaces transformers' own mask: not for sliding windows."""
+        return not self._sliding
+
+    @torch.inference_mode()
+    def forward_tree(self, input_ids: torch.Tensor, parents: list[list[int]]) -> torch.Tensor:
+        """Logits [B, N+1, V] of a tree step: input_ids [B, N+1] are each row's last token (the root) and its N
+        nodes, parents[b] their tree (token_tree.py). Each node sits at the position of its depth and attends to
+        the row's cache and its own ancestors only (a 4D mask). Every new slot is held until keep_paths."""
+        batch, n = input_ids.shape
+        if not self.supports_trees:
+            raise ValueError(f"{self.name}: token trees are not supported with sliding-window attention")
+        past = torch.tensor(self._lengths, device=self.device).unsqueeze(1)
+        depth = torch.tensor([[0] + depths(list(par)) for par in parents], device=self.device)
+        old = self.mask if self.mask is not None else torch.ones(batch, self._slots, dtype=torch.bool,
+                                                                 device=self.device)
+        tree = torch.stack([ancestors_mask(list(par)) for par in parents]).to(self.device)
+        allowed = torch.cat([old.unsqueeze(1).expand(-1, n, -1), tree], dim=2)
+        dtype = next(self.model.parameters()).dtype
+        bias = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed,
+                                                                                         torch.finfo(dtype).min)
+        kwargs = {"input_ids": input_ids, "past_key_values": self.cache, "use_cache": True,
+                  "attention_mask": bias.unsqueeze(1)}
+        if self._takes_positions:
+            kwargs["position_ids"] = past + depth
+        logits = self.model(**kwargs).logits
+        self._tree_start = self._slots
+        self.mask = torch.cat([old, torch.ones(batch, n, dtype=torch.bool, device=self.device)], dim=1)
+        self._slots += n
+        self._lengths = [length + n for length in self._lengths]
+        return logits[..., : self.vocab_size].float()
+
+    def keep_paths(self, paths: list[list[int]]) -> None:
+        """After forward_tree: row b keeps its root and the nodes of paths[b] (in order); the other nodes' slots
+        become holes, which attention never sees and positions do not count."""
+        start, n = self._tree_start, self._slots - self._tree_start
+        keep = torch.zeros(len(paths), n, dtype=torch.bool, device=self.device)
+        keep[:, 0] = True
+        for b, path in enumerate(paths):
+            keep[b, [i + 1 for i in path]] = True
+        self.mask = torch.cat([self.mask[:, :start], keep], dim=1)
+        self._lengths = [length - n + 1 + len(path) for length, path in zip(self._lengths, paths)]
+        self._drop_trailing_holes()
 
     def fork(self, batch_size: int) -> "HFBackend":
         other = copy.copy(self)  # shares the model; reset() gives it a cache of its own

@@ -86,6 +86,9 @@ def _model_declarations(k_default: str, k_list: bool) -> dict:
         "suffix_history_tokens": (int, option(DEFAULT_SUFFIX_HISTORY_TOKENS, "--suffix-history-tokens",
                                               help="--draft suffix(+MODEL): tokens of earlier prompts and outputs "
                                               "kept to draft from (least recently used out first; 0: none).")),
+        "tree_width": (int, option(1, "--tree-width", help="--draft suffix: propose token trees, up to this many "
+                                   "continuations per node, verified in one forward as wide as the chain's "
+                                   "(transformers backends; llama.cpp verifies chains). 1: chains.")),
     }
 
 

@@ -26,7 +26,9 @@ class Proposal:
     forward that fed a backlog (a prompt, or tokens of plain steps) before drafting, timed apart; clean is False
     when a backlog was fed together with the drafts, so the step's draft time is not a draft step's cost. free: no
     model forward ran (a drafter with a model copied every draft this step): the policy prices such drafting at
-    zero and learns no draft step's cost from it.
+    zero and learns no draft step's cost from it. parents: None for chains; else per row a token tree over its K
+    tokens (token_tree.py: parents[b][i] is node i's parent, -1 the row's last token; drafts past num_drafts[b]
+    are padding), only after use_trees(True) and only with q None.
     """
 
     tokens: torch.Tensor
@@ -35,6 +37,7 @@ class Proposal:
     catch_up_tokens: int = 0
     clean: bool = True
     free: bool = False
+    parents: list[list[int]] | None = None
 
 
 class Drafter:
@@ -90,6 +93,10 @@ class Drafter:
         suffix drafts every row), so the policy prices its drafting at zero. False by default: the policy measures
         a drafter's cost, which is already near zero for one with no model."""
         return False
+
+    def use_trees(self, allowed: bool) -> None:
+        """Whether this step's proposal may be a token tree (the target can verify one and no row is
+        constrained); a drafter that only proposes chains ignores it."""
 
     def limit_catch_up(self) -> None:
         """Bound the backlog a probe feeds to catch_up_window tokens per row (only q changes: still exact)."""

@@ -15,6 +15,11 @@ Keys: a row drafts only from its own key's history and adds to it. `key` is the 
 `queue_keys` gives the joining rows one each, in the order they are added (the order a session admits them);
 `keys` reads or sets the running rows'. Drafts are deterministic (q=None), like prompt lookup's, so the output
 keeps exactly the target's distribution whatever the history holds.
+
+Token trees (tree_width > 1, where the session can verify them: token_tree.py): instead of the one most frequent
+path, the best `num_drafts` nodes of a tree grown best first over the match's continuations, up to tree_width
+children per node. The forward is as wide as the chain's would be; where the chain's next token is uncertain, a
+second guess replaces the chain's least likely deep tokens.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections import deque
 import torch
 
 from .base import Drafter, Proposal
-from .suffix_index import MAX_MATCH, Draft, SuffixHistory, TokenLog, speculate
+from .suffix_index import MAX_MATCH, Draft, SuffixHistory, TokenLog, speculate, speculate_tree
 
 __all__ = ["SuffixDrafter", "SuffixHistory"]
 
@@ -39,15 +44,19 @@ class SuffixDrafter(Drafter):
 
     def __init__(self, history: SuffixHistory | None = None, key: str | None = None, min_prob: float = 0.1,
                  max_spec_factor: float = 1.0, max_spec_offset: float = 0.0, max_match: int = MAX_MATCH,
-                 history_tokens: int = 1_000_000):
+                 history_tokens: int = 1_000_000, tree_width: int = 1):
         if not 0.0 < min_prob <= 1.0:
             raise ValueError(f"min_prob must be in (0, 1], got {min_prob}")
+        if isinstance(tree_width, bool) or not isinstance(tree_width, int) or not 1 <= tree_width <= 16:
+            raise ValueError(f"tree_width must be an integer 1..16 (1: chains), got {tree_width!r}")
         if not 1 <= max_match <= MAX_MATCH:
             raise ValueError(f"max_match must be in 1..{MAX_MATCH}, got {max_match}")
         self.history = history if history is not None else SuffixHistory(history_tokens)
         self.key = key
         self.min_prob, self.max_match = min_prob, max_match
         self.factor, self.offset = max_spec_factor, max_spec_offset
+        self.tree_width = tree_width
+        self._trees = False  # whether the session can verify trees now (use_trees)
         self._rows: list[TokenLog] = []
         self._keys: list = []
         self._pending: deque = deque()  # keys of rows not joined yet: shared with forks, where rows join
@@ -90,7 +99,8 @@ class SuffixDrafter(Drafter):
         return log
 
     def fork(self, batch_size: int) -> "SuffixDrafter":
-        other = SuffixDrafter(self.history, self.key, self.min_prob, self.factor, self.offset, self.max_match)
+        other = SuffixDrafter(self.history, self.key, self.min_prob, self.factor, self.offset, self.max_match,
+                              tree_width=self.tree_width)
         other._pending = self._pending
         return other
 
@@ -120,25 +130,40 @@ class SuffixDrafter(Drafter):
     # ------------------------------------------------------------------ drafting
     def _draft(self, b: int, k: int) -> Draft:
         """Row b's best draft: its own context's or its key's history's, whichever expects more accepted tokens
-        (a tie goes to the row's own text, the more recent)."""
+        (a tie goes to the row's own text, the more recent). With trees, the one whose tree expects more."""
         log = self._rows[b]
         tail = log.tail(self.max_match)
         own = speculate(log, tail, k, self.min_prob, self.factor, self.offset)
         if not self.history.max_tokens:
-            return own
+            return self._with_tree(own, k)
         shared = self.history.speculate(tail, self._keys[b], k, self.min_prob, self.factor, self.offset)
-        if shared.score <= own.score:
+        if self._trees:
+            own, shared = self._with_tree(own, k), self._with_tree(shared, k)
+        if (shared.tree[2] <= own.tree[2]) if self._trees else (shared.score <= own.score):
             return own
         self.history.used(shared)  # keeps documents that keep proposing in the history (LRU)
         return shared
+
+    def _with_tree(self, draft: Draft, k: int) -> Draft:
+        if self._trees:
+            draft.tree = speculate_tree(draft, k, self.min_prob, self.tree_width)
+        return draft
 
     def _drafts_for(self, k: int) -> list[Draft]:
         if self._drafts is None or self._drafts[0] < k:
             self._drafts = (k, [self._draft(b, k) for b in range(len(self._rows))])
         return self._drafts[1]
 
+    def use_trees(self, allowed: bool) -> None:
+        trees = allowed and self.tree_width > 1
+        if trees != self._trees:
+            self._trees, self._drafts = trees, None
+
     def max_drafts(self, k: int) -> list[int]:
-        """How many drafts each row can really propose (0 where nothing matches): a bound for the loop's K."""
+        """How many drafts each row can really propose (0 where nothing matches): a bound for the loop's K. With
+        trees, the nodes of its tree."""
+        if self._trees:
+            return [len(d.tree[0][:k]) for d in self._drafts_for(k)]
         return [len(d.tokens[:k]) for d in self._drafts_for(k)]
 
     def scores(self, k: int) -> list[float]:
@@ -147,6 +172,12 @@ class SuffixDrafter(Drafter):
         return [d.score for d in self._drafts_for(k)]
 
     def propose(self, k: int, sampling, uniforms, num_drafts):
+        if self._trees:  # the first n nodes of a best-first tree are the best tree of n nodes
+            trees = [d.tree for d in self._drafts_for(k)]
+            rows = [(t[:n] + log.tail(1) * (k - len(t[:n])), p[:n] + [-1] * (k - len(p[:n])))
+                    for (t, p, _), n, log in zip(trees, num_drafts, self._rows)]
+            return Proposal(torch.tensor([r for r, _ in rows], dtype=torch.long).reshape(len(rows), k),
+                            parents=[p for _, p in rows])
         drafts = self._drafts_for(k)
         # Past a row's draft (or with none) its positions are not verified (num_drafts stops there): pad.
         rows = [d.tokens[:k] + log.tail(1) * (k - len(d.tokens[:k])) for d, log in zip(drafts, self._rows)]

@@ -33,6 +33,7 @@ per row budget; tests/test_suffix_drafter.py checks the median at 1M tokens.
 
 from __future__ import annotations
 
+import heapq
 import threading
 from bisect import bisect_right
 from collections import Counter, OrderedDict
@@ -73,6 +74,9 @@ class Draft:
     match: int = 0
     ends: list[int] = field(default_factory=list)
     docs: set = field(default_factory=set)
+    rows: list[list[int]] = field(default_factory=list)  # the continuations of the chosen match (a tree's source)
+    limit: int = 0  # the longest draft that match allows
+    tree: tuple | None = None  # (tokens, parents, score) of its token tree, when the drafter grows trees
 
 
 class TokenLog:
@@ -282,8 +286,45 @@ def speculate(log: TokenLog, tail: list[int], max_tokens: int, min_prob: float, 
         chosen = [j for j, length in enumerate(lengths) if length >= m]
         tokens, score = _path([rows[j] for j in chosen], limit, min_prob)
         if score > best.score:
-            best = Draft(tokens, score, m, [ends[j] for j in chosen if rows[j][0] == tokens[0]])
+            best = Draft(tokens, score, m, [ends[j] for j in chosen if rows[j][0] == tokens[0]],
+                         rows=[rows[j] for j in chosen], limit=limit)
     return best
+
+
+def speculate_tree(draft: Draft, budget: int, min_prob: float, width: int) -> tuple[list[int], list[int], float]:
+    """(tokens, parents, score) of a token tree of at most `budget` nodes from a draft's continuations: best first by
+    estimated acceptance (the product of count / support along the path, as for a chain), at most `width` children
+    per node, none below min_prob and none deeper than the draft's limit. Taking nodes in that order gives a tree
+    (a child's estimate is at most its parent's) whose first n nodes are the best tree of n nodes, and with
+    width 1 it is the chain itself. score: the sum of the nodes' estimates (the expected number kept)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    heap: list = []
+    order, score = 0, 0.0
+
+    def expand(node: int, rows: list[list[int]], depth: int, prob: float) -> None:
+        nonlocal order
+        if depth >= draft.limit:
+            return
+        counts = Counter(r[depth] for r in rows)
+        counts.pop(SEP, None)
+        for token, count in counts.most_common(width):  # ties: the most recent occurrence first
+            child = prob * count / len(rows)
+            if child >= min_prob:
+                heapq.heappush(heap, (-child, order, node, token, depth))
+                order += 1
+        expansions[node] = rows
+
+    expansions: dict[int, list[list[int]]] = {}
+    expand(-1, draft.rows, 0, 1.0)
+    while heap and len(tokens) < budget:
+        neg, _, parent, token, depth = heapq.heappop(heap)
+        rows = [r for r in expansions[parent] if r[depth] == token]
+        tokens.append(token)
+        parents.append(parent)
+        score -= neg
+        expand(len(tokens) - 1, rows, depth + 1, -neg)
+    return tokens, parents, score
 
 
 def _path(rows: list[list[int]], limit: int, min_prob: float) -> tuple[list[int], float]:

@@ -1,0 +1,287 @@
+"""Token trees (token_tree.py): the multi-candidate rule exactly (its output law computed from the rule, and sampled),
+greedy walks, the transformers backend's tree forward against plain forwards, the suffix drafter's trees, and
+decoding with trees on and off: greedy token for token, sampled against the target's enumerated joint."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import pytest
+import torch
+
+from conftest import tiny_qwen
+from reference import assert_matches, exact_joint, hf_warp
+from specdecode import AutoregressiveGenerator, SpeculativeGenerator, SuffixDrafter, SuffixHistory
+from specdecode.backends.hf import HFBackend
+from specdecode.drafters.suffix_index import Draft, SEP, speculate_tree
+from specdecode.token_tree import (ancestors_mask, chain, children, depths, verify_tree_greedy,
+                                   verify_tree_sampled)
+
+V = 5
+
+
+# ---------------------------------------------------------------------------------------------- the structure
+def test_depths_children_and_the_attention_of_each_position():
+    parents = [-1, -1, 0, 2, 1]
+    assert depths(parents) == [1, 1, 2, 3, 2]
+    assert children(parents) == [[0, 1], [2], [4], [3], [], []]
+    mask = ancestors_mask(parents)
+    assert mask[4].tolist() == [True, True, False, True, True, False]  # node 3: root, 0, 2, itself
+    assert mask[5].tolist() == [True, False, True, False, False, True]  # node 4: root, 1, itself
+    assert ancestors_mask(chain(3)).equal(torch.tril(torch.ones(4, 4, dtype=torch.bool)))
+    with pytest.raises(ValueError, match="after its parent"):
+        depths([-1, 2, 0])
+
+
+# ---------------------------------------------------------------------------------------------- the rule
+def _distributions(seed: int, positions: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    p = torch.rand(positions, V, generator=g, dtype=torch.float64) ** 3
+    p[:, 3] = 0.0  # a token of probability 0 (drafted below: it can never be kept)
+    return p / p.sum(-1, keepdim=True)
+
+
+def _law(tokens, parents, probs) -> dict[tuple, float]:
+    """The output law of the multi-candidate rule, from its definition (accept candidate i with its residual
+    probability, then the final residual), as a map from emitted sequences to probabilities."""
+    kids = children(parents)
+    law: dict[tuple, float] = {}
+
+    def walk(at: int, prefix: tuple, mass: float) -> None:
+        p = probs[at].clone()
+        for c in kids[at]:
+            x = tokens[c]
+            accept = float(p[x])
+            walk(c + 1, prefix + (x,), mass * accept)
+            mass *= 1 - accept
+            p[x] = 0.0
+            if p.sum() > 0:
+                p = p / p.sum()
+        for t in range(V):
+            if mass * p[t] > 0:  # (an unreachable duplicate's subtree adds nothing)
+                law[prefix + (t,)] = law.get(prefix + (t,), 0.0) + mass * float(p[t])
+
+    walk(0, (), 1.0)
+    return law
+
+
+TREES = [  # (tokens, parents): a chain, a fan, a deep tree with a drafted zero-probability token, duplicates
+    ([1, 2, 0], chain(3)),
+    ([1, 2, 0, 4], [-1, -1, -1, -1]),
+    ([1, 2, 0, 4, 3, 2], [-1, -1, 0, 0, 1, 2]),
+    ([1, 1, 2], [-1, -1, 1]),
+]
+
+
+@pytest.mark.parametrize("tokens, parents", TREES)
+def test_the_rule_emits_exactly_the_targets_joint(tokens, parents):
+    """Every emitted sequence has the probability that sampling the target token by token gives it: the target's
+    distribution at each tree position is the distribution after that node's tokens."""
+    probs = _distributions(len(tokens), len(tokens) + 1)
+    law = _law(tokens, parents, probs)
+    assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
+    prefix_of, position = {-1: ()}, {(): 0}  # a duplicate candidate's subtree is unreachable: the first one counts
+    for i, parent in enumerate(parents):
+        prefix_of[i] = prefix_of[parent] + (tokens[i],)
+        position.setdefault(prefix_of[i], i + 1)
+    for seq, mass in law.items():
+        expected = 1.0
+        for j, t in enumerate(seq):
+            expected *= float(probs[position[seq[:j]], t])
+        assert mass == pytest.approx(expected, abs=1e-12), seq
+
+
+@pytest.mark.parametrize("tokens, parents", TREES[1:3])
+def test_the_implementation_samples_the_rules_law(tokens, parents):
+    probs = _distributions(len(tokens), len(tokens) + 1)
+    law = _law(tokens, parents, probs)
+    index = {s: i for i, s in enumerate(law)}
+    counts = torch.zeros(len(law) + 1)
+    u = torch.rand(20000, len(tokens) + 1, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for row in u:
+        path, last = verify_tree_sampled(tokens, parents, probs, row)
+        assert all(parents[b] == a for a, b in zip([-1] + path, path))  # a path down the tree
+        counts[index.get(tuple(tokens[i] for i in path) + (last,), len(law))] += 1
+    assert_matches(counts, list(law.values()) + [0.0], min_p=1e-4)
+
+
+def test_greedy_follows_the_argmax_down_the_tree():
+    tokens, parents = [1, 2, 0, 4], [-1, -1, 1, 1]
+    scores = torch.full((5, V), -1.0)
+    scores[0, 2] = scores[2, 4] = scores[4, 3] = 1.0  # root -> 2 (node 1) -> 4 (node 3) -> then 3
+    assert verify_tree_greedy(tokens, parents, scores) == ([1, 3], 3)
+    scores[2, 4], scores[2, 1] = -1.0, 1.0  # node 1's argmax is no child: stop there with it
+    assert verify_tree_greedy(tokens, parents, scores) == ([1], 1)
+
+
+# ---------------------------------------------------------------------------------------------- the backend
+@torch.no_grad()
+def test_a_tree_forward_scores_every_branch_as_a_plain_forward_and_keeps_only_the_path(tiny_pair):
+    model = tiny_pair[0]
+    backend = HFBackend(model)
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
+    backend.reset(2)
+    backend.forward(torch.tensor([prompts[0], [0, 0, 0] + prompts[1]]),
+                    torch.tensor([[True] * 6, [False] * 3 + [True] * 3]), last_only=True)  # left-padded
+    tree = [[-1, -1, 0, 2], [-1, 0, 0, -1]]
+    nodes = [[20, 21, 22, 23], [30, 31, 32, 33]]
+    last = [prompts[0][-1] + 1, prompts[1][-1] + 1]
+    logits = backend.forward_tree(torch.tensor([[a] + n for a, n in zip(last, nodes)]), tree)
+    for b in range(2):
+        context = prompts[b] + [last[b]]
+        for i, parent in enumerate(tree[b]):
+            branch, at = [nodes[b][i]], parent
+            while at >= 0:
+                branch.insert(0, nodes[b][at])
+                at = tree[b][at]
+            plain = model(torch.tensor([context + branch])).logits[0, -1]
+            assert torch.allclose(logits[b, i + 1], plain, atol=1e-4), (b, i)
+    backend.keep_paths([[0, 2], []])
+    assert backend.lengths == [6 + 3, 3 + 1]
+    after = backend.forward(torch.tensor([[40], [41]]))
+    for b, kept in enumerate([[20, 22], []]):
+        plain = model(torch.tensor([prompts[b] + [last[b]] + kept + [40 + b]])).logits[0, -1]
+        assert torch.allclose(after[b, 0], plain, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------- the drafter
+def test_the_suffix_tree_is_grown_best_first_and_is_the_chain_at_width_one():
+    # continuations after the match: 7 8 9 (three times), 7 5 (twice), 6 (once), one that ended there (SEP)
+    rows = [[7, 8, 9], [7, 8, 9], [7, 5, SEP], [7, 8, 9], [6, SEP, SEP], [7, 5, SEP], [SEP, SEP, SEP]]
+    draft = Draft(rows=rows, limit=3)
+    assert speculate_tree(draft, 8, 0.1, 1) == ([7, 8, 9], [-1, 0, 1], pytest.approx(11 / 7))
+    # 7 (5/7), 7 8 (3/7), 7 8 9 (3/7), 7 5 (2/7), 6 (1/7)
+    assert speculate_tree(draft, 8, 0.1, 3) == ([7, 8, 9, 5, 6], [-1, 0, 1, 0, -1], pytest.approx(14 / 7))
+    assert speculate_tree(draft, 3, 0.1, 3)[:2] == ([7, 8, 9], [-1, 0, 1])  # the best 3 nodes
+    assert speculate_tree(draft, 8, 0.2, 3)[:2] == ([7, 8, 9, 5], [-1, 0, 1, 0])  # 6 is below min_prob
+
+
+def test_the_drafter_proposes_trees_only_when_the_session_can_verify_them():
+    history = SuffixHistory()
+    drafter = SuffixDrafter(history, tree_width=2)
+    for tail in ([4, 5], [4, 6], [4, 5]):
+        drafter.prefill(torch.tensor([[1, 2, 3] + tail]), None)
+        drafter.select_rows([])
+    drafter.prefill(torch.tensor([[1, 2, 3]]), None)
+    assert drafter.propose(3, None, None, [3]).parents is None
+    drafter.use_trees(True)
+    proposal = drafter.propose(3, None, None, drafter.max_drafts(3))
+    assert proposal.tokens.tolist() == [[4, 5, 6]] and proposal.parents == [[-1, 0, 0]]
+    with pytest.raises(ValueError, match="tree_width"):
+        SuffixDrafter(tree_width=0)
+
+
+# ---------------------------------------------------------------------------------------------- decoding
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    texts = ["def quicksort(arr):\n    if len(arr) <= 1:\n        return arr", "The quick brown fox"]
+    return [tokenizer(t)["input_ids"] for t in texts]
+
+
+@pytest.mark.parametrize("k", [4, "auto"])
+def test_greedy_output_is_the_targets_own_with_trees(tiny_pair, prompts, k):
+    target = tiny_pair[0]
+    plain = AutoregressiveGenerator(target).generate(prompts, max_new_tokens=40, temperature=0.0, ignore_eos=True)
+    history = SuffixHistory()
+    history.add(prompts[0] + plain.token_ids[0][:20] + [7, 7, 7])  # a rival continuation: a branch point
+    gen = SpeculativeGenerator(target, SuffixDrafter(history, tree_width=3), num_speculative_tokens=k)
+    for _ in range(2):
+        result = gen.generate(prompts, max_new_tokens=40, temperature=0.0, ignore_eos=True, return_logprobs=2)
+        assert result.token_ids == plain.token_ids
+    reference = AutoregressiveGenerator(target).generate(prompts, max_new_tokens=40, temperature=0.0,
+                                                         ignore_eos=True, return_logprobs=2)
+    for mine, theirs in zip(result.logprobs, reference.logprobs):
+        assert mine == pytest.approx(theirs, abs=1e-4)
+
+
+VOCAB = 16
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def small_target():
+    return tiny_qwen(VOCAB, seed=10, layers=2, hidden=32)
+
+
+@pytest.mark.parametrize("k, seed", [(3, None), ("auto", 7)])
+def test_sampled_output_with_trees_follows_the_target_exactly(small_target, k, seed):
+    """A history of earlier samples gives branching continuations; the first three tokens' joint against the
+    target's, enumerated (seeded + auto: Gumbel-coupled rows walk the tree with their positions' noise)."""
+    earlier = AutoregressiveGenerator(small_target).generate([PROMPT] * 20, max_new_tokens=6, temperature=0.8,
+                                                             seed=1, ignore_eos=True)
+    history = SuffixHistory()
+    for row in earlier.token_ids:
+        history.add(PROMPT + row)
+    drafter = SuffixDrafter(history, tree_width=3, min_prob=0.05)
+    gen = SpeculativeGenerator(small_target, drafter, num_speculative_tokens=k)
+    result = gen.generate([PROMPT] * 3000, max_new_tokens=4, temperature=0.8, seed=seed, ignore_eos=True)
+    assert result.stats.proposed_tokens > 0
+    joint = exact_joint(small_target, PROMPT, 3, functools.partial(hf_warp, temperature=0.8, top_k=0, top_p=1.0))
+    index = {s: i for i, s in enumerate(joint)}
+    observed = torch.zeros(len(joint) + 1)
+    for row in result.token_ids:
+        observed[index.get(tuple(row[:3]), len(joint))] += 1
+    assert_matches(observed, list(joint.values()) + [0.0], min_p=1e-4)
+
+
+def test_trees_were_used_and_branches_were_kept(small_target):
+    """Greedy, with a branch point where the more frequent continuation is wrong: the chain drafts only that, the
+    tree also the right one below it, which is kept (fewer target forwards, the same tokens)."""
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]  # no repeats: the drafts come from the history
+    greedy = AutoregressiveGenerator(small_target).generate([prompt], max_new_tokens=12, temperature=0.0,
+                                                            ignore_eos=True).token_ids[0]
+    history = SuffixHistory()
+    for _ in range(3):  # the prefill emits greedy[0]; the first drafted position is the branch point
+        history.add(prompt + greedy[:1] + [(greedy[1] + 1) % VOCAB])
+    history.add(prompt + greedy)
+    runs = {}
+    for width in (1, 2):
+        gen = SpeculativeGenerator(small_target, SuffixDrafter(history, tree_width=width), num_speculative_tokens=5)
+        runs[width] = gen.generate([prompt], max_new_tokens=12, temperature=0.0, ignore_eos=True)
+        assert runs[width].token_ids[0] == greedy
+    assert runs[2].stats.target_forward_calls < runs[1].stats.target_forward_calls
+    assert runs[1].provenance[0][1] == "resampled"  # the chain proposed only the frequent, wrong token
+    assert runs[2].provenance[0][1:6] == ["accepted"] * 4 + ["bonus"]  # the tree's second branch, to its leaf
+
+
+def test_the_exact_joint_helper_sees_every_sequence():  # guards the reference the tests above lean on
+    model = tiny_qwen(4, seed=3, layers=1, hidden=16)
+    joint = exact_joint(model, [1, 2], 2, lambda x: x)
+    assert set(joint) == set(itertools.product(range(4), repeat=2))
+    assert sum(joint.values()) == pytest.approx(1.0)
+
+
+def test_the_cli_takes_a_tree_width_and_keeps_greedy_output(tiny_model_dirs):
+    import json
+
+    from typer.testing import CliRunner
+
+    from specdecode.cli.app import app
+
+    def run(*args):
+        return CliRunner().invoke(app, ["generate", "def quicksort(arr):\n    return quicksort(arr)", "-n", "16",
+                                        "--ignore-eos", "--json", "--target", tiny_model_dirs["target"], *args])
+
+    trees, plain = run("--draft", "suffix", "-k", "3", "--tree-width", "3"), run("--draft", "none")
+    assert trees.exit_code == 0 and plain.exit_code == 0, trees.output
+    assert json.loads(trees.stdout)["token_ids"] == json.loads(plain.stdout)["token_ids"]
+    bad = run("--draft", "suffix", "--tree-width", "0")
+    assert bad.exit_code != 0 and "--tree-width" in bad.output
+
+
+def test_llamacpp_verifies_chains_from_a_tree_drafter(smol_path):
+    """llama.cpp keeps each row in a KV stream of its own (kv_unified off), where a token cannot belong to several
+    sequences: the session asks for chains there, and the output is still llama.cpp's own greedy text."""
+    from specdecode.backends.llamacpp import EXACT_TOKENS_PER_FORWARD, LlamaCppBackend
+
+    target = LlamaCppBackend(smol_path, n_ctx=1024, max_rows=1, n_threads=1,
+                             max_tokens_per_forward=EXACT_TOKENS_PER_FORWARD)
+    assert not getattr(target, "supports_trees", False)
+    prompt = list(range(1000, 1040)) * 2
+    plain = AutoregressiveGenerator(target).generate([prompt], max_new_tokens=24, temperature=0.0, ignore_eos=True)
+    drafter = SuffixDrafter(tree_width=3)
+    got = SpeculativeGenerator(target, drafter, num_speculative_tokens=3).generate(
+        [prompt], max_new_tokens=24, temperature=0.0, ignore_eos=True)
+    assert got.token_ids == plain.token_ids and got.stats.proposed_tokens > 0
+    assert not drafter._trees
