@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from specdecode.bench.serve import ServeBenchSettings, bench_serve, percentiles
+from specdecode.bench.serve import ServeBenchSettings, bench_serve, percentiles, request_max_tokens
 from specdecode.cli.bench_serve_cmd import bench_serve as bench_serve_command
 from specdecode.server import ServerSettings, create_app
 from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixture)
@@ -47,6 +47,22 @@ def test_report_of_a_fixed_concurrency_run(tiny_pair, tokenizer):
     for key in ("ttft_s", "latency_s"):
         assert 0 < report[key]["p50"] <= report[key]["p90"] <= report[key]["p99"]
     assert all(r["ttft_s"] <= r["latency_s"] for r in report["per_request"])
+
+
+def test_mixed_lengths_are_seeded_per_request_and_sent(tiny_pair, tokenizer):
+    mixed = dict(url="http://127.0.0.1:1", prompts=PROMPTS, max_tokens=24, min_max_tokens=4, seed=5)
+    draws = [request_max_tokens(ServeBenchSettings(**mixed), i) for i in range(40)]
+    assert draws == [request_max_tokens(ServeBenchSettings(**mixed), i) for i in range(40)]  # two servers, same load
+    assert all(4 <= d <= 24 for d in draws) and len(set(draws)) > 5
+    assert draws != [request_max_tokens(ServeBenchSettings(**{**mixed, "seed": 6}), i) for i in range(40)]
+    assert {request_max_tokens(ServeBenchSettings(url="u", prompts=PROMPTS, max_tokens=9), i) for i in range(5)} == {9}
+    with pytest.raises(ValueError, match="shortest max_tokens"):
+        ServeBenchSettings(url="u", prompts=PROMPTS, max_tokens=8, min_max_tokens=9)
+    with _server(tiny_pair, tokenizer) as srv:  # ignore_eos: every request runs to its own max_tokens
+        report = bench_serve(ServeBenchSettings(**{**mixed, "url": srv.url, "num_requests": 8, "concurrency": 4,
+                                                   "ignore_eos": True}))
+    assert report["succeeded"] == 8 and report["config"]["min_max_tokens"] == 4
+    assert sorted(r["output_tokens"] for r in report["per_request"]) == sorted(draws[:8])  # in the order they end
 
 
 def test_errors_are_counted_not_raised(tiny_pair, tokenizer):

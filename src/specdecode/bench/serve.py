@@ -45,8 +45,12 @@ class ServeBenchSettings(ClientSettings):
     concurrency: int | None = None  # fixed concurrency (8 when neither it nor a rate is given)
     rate: float | None = None  # Poisson arrivals, requests per second
     seed: int = 0
+    min_max_tokens: int | None = None  # mixed lengths: request i's max_tokens drawn from [this, max_tokens]
 
     def __post_init__(self):
+        if self.min_max_tokens is not None and not 1 <= self.min_max_tokens <= self.max_tokens:
+            raise ValueError(f"the shortest max_tokens must be 1..max_tokens ({self.max_tokens}), "
+                             f"got {self.min_max_tokens}")
         if self.concurrency is not None and self.rate is not None:
             raise ValueError("give either a concurrency or a rate (requests/s), not both")
         if self.concurrency is None and self.rate is None:
@@ -103,7 +107,16 @@ async def one_request(http, settings: ServeBenchSettings, index: int, t0: float)
     prompt_index = index % len(settings.prompts)
     record = RequestRecord(prompt_index, time.perf_counter() - t0)
     body = {"prompt": settings.prompts[prompt_index], **sampling_body(settings)}
+    body["max_tokens"] = request_max_tokens(settings, index)
     return await stream_request(http, "/v1/completions", body, record)
+
+
+def request_max_tokens(settings: ServeBenchSettings, index: int) -> int:
+    """Request `index`'s max_tokens: settings.max_tokens, or with min_max_tokens a uniform draw from
+    [min_max_tokens, max_tokens] that depends only on (seed, index), so two servers get the same requests."""
+    if settings.min_max_tokens is None:
+        return settings.max_tokens
+    return random.Random(f"{settings.seed}/{index}").randint(settings.min_max_tokens, settings.max_tokens)
 
 
 async def stream_request(http, path: str, body: dict, record: RequestRecord) -> RequestRecord:

@@ -51,6 +51,10 @@ def bench_serve(
                                          "(instead of --concurrency)."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="max_tokens of each request (default "
                                              "64; edit: 256)."),
+    min_max_tokens: Optional[int] = typer.Option(None, "--min-max-tokens", help="completions: requests of mixed "
+                                                 "lengths: each request's max_tokens is drawn uniformly from "
+                                                 "[this, --max-tokens], seeded by --seed and the request's index "
+                                                 "(the same requests for every server)."),
     temperature: float = typer.Option(0.0, "--temperature", help="Sampling temperature of each request (edit: "
                                       "0 only: greedy, so that both sends must give the same text)."),
     model: Optional[str] = typer.Option(None, "--model", help="The model id to send (default: none, the server's "
@@ -72,7 +76,7 @@ def bench_serve(
             raise CLIError(f"--workload {workload!r}: use one of {', '.join(WORKLOADS)}")
         given = {"--conversations": conversations, "--turns": turns, "--system-prompt": system_prompt,
                  "--rate": rate, "--plot": plot, "--num-requests": num_requests, "--concurrency": concurrency,
-                 "--nb-prompts": nb_prompts, "--follow-up": follow_up, "-k": k}
+                 "--nb-prompts": nb_prompts, "--follow-up": follow_up, "-k": k, "--min-max-tokens": min_max_tokens}
         _check_options(workload, given)
         common = dict(url=url, temperature=temperature, model=model, api_key=api_key, timeout_s=timeout,
                       duration_s=duration)
@@ -80,7 +84,7 @@ def bench_serve(
             common["max_tokens"] = max_tokens
         if workload == "completions":
             _run_completions(common, prompts or "code", num_requests or 100, concurrency, rate, seed, json_path,
-                             plot)
+                             plot, min_max_tokens)
         elif workload == "edit":
             from ..bench.serve_edit import EditBenchSettings, bench_edit
 
@@ -97,7 +101,8 @@ def bench_serve(
 
 
 def _run_completions(common: dict, prompts: str, num_requests: int, concurrency: Optional[int],
-                     rate: Optional[float], seed: int, json_path: Optional[str], plot: Optional[str]) -> None:
+                     rate: Optional[float], seed: int, json_path: Optional[str], plot: Optional[str],
+                     min_max_tokens: Optional[int] = None) -> None:
     from ..bench.prompts import load_prompts
     from ..bench.serve import ServeBenchSettings, bench_serve as run, plot_serve, write_report
 
@@ -105,7 +110,7 @@ def _run_completions(common: dict, prompts: str, num_requests: int, concurrency:
         concurrency = 8
     texts = [p.text for p in load_prompts(prompts)]
     settings = ServeBenchSettings(prompts=texts, num_requests=num_requests, concurrency=concurrency, rate=rate,
-                                  seed=seed, **common)
+                                  seed=seed, min_max_tokens=min_max_tokens, **common)
     report = run(settings)
     report["config"]["prompts"] = prompts
     _print(report)
@@ -120,7 +125,7 @@ def _run_completions(common: dict, prompts: str, num_requests: int, concurrency:
 
 
 # The options each workload reads: one given to a workload that ignores it is an error, not a silent no-op.
-_APPLIES = {"completions": {"--rate", "--plot", "--num-requests", "--concurrency"},
+_APPLIES = {"completions": {"--rate", "--plot", "--num-requests", "--concurrency", "--min-max-tokens"},
             "multi-turn": {"--conversations", "--turns", "--system-prompt"},
             "shared-system": {"--system-prompt", "--num-requests", "--concurrency"},
             "edit": {"--nb-prompts", "--follow-up", "-k"}}
