@@ -2,8 +2,8 @@
 drafter from the history of turn 1, with tree width 1 (chains) and W (trees), and v(n) of a tree forward against a
 chain forward of the same width.
 
-llama.cpp cannot verify trees here (each row is a KV stream of its own), so this runs the target through
-transformers (a GGUF dequantized to fp32; prepacked Linear weights). Greedy, fixed K, the same drafter settings
+This runs the target through transformers (a GGUF dequantized to fp32; prepacked Linear weights), where a forward
+of up to 8 tokens costs about one step; scripts/tree_verify_costs.py measures llama.cpp's forwards. Greedy, fixed K, the same drafter settings
 otherwise; every turn 2 is checked token for token against plain decoding.
 
     python scripts/tree_edit_turns.py --target qwen2.5-coder-0.5b-instruct --nb-prompts 4 --json FILE

@@ -270,14 +270,87 @@ def test_the_cli_takes_a_tree_width_and_keeps_greedy_output(tiny_model_dirs):
     assert bad.exit_code != 0 and "--tree-width" in bad.output
 
 
-def test_llamacpp_verifies_chains_from_a_tree_drafter(smol_path):
-    """llama.cpp keeps each row in a KV stream of its own (kv_unified off), where a token cannot belong to several
-    sequences: the session asks for chains there, and the output is still llama.cpp's own greedy text."""
+def _llama(path, rows=1, trees=True):
     from specdecode.backends.llamacpp import EXACT_TOKENS_PER_FORWARD, LlamaCppBackend
 
-    target = LlamaCppBackend(smol_path, n_ctx=1024, max_rows=1, n_threads=1,
-                             max_tokens_per_forward=EXACT_TOKENS_PER_FORWARD)
-    assert not getattr(target, "supports_trees", False)
+    # the exact mode: forwards of at most 3 tokens, which llama.cpp computes as it decodes token by token
+    return LlamaCppBackend(path, n_ctx=1024, max_rows=rows, n_threads=1, token_trees=trees,
+                           max_tokens_per_forward=EXACT_TOKENS_PER_FORWARD)
+
+
+def test_llamacpp_scores_a_tree_as_plain_forwards_and_keeps_any_path_bit_for_bit(smol_path):
+    """Two rows, each node's logits against a forward of its own branch; after keeping a path that lies on a
+    spare sequence's branch (row 0) and none (row 1), the next token's logits as if only that path had been fed."""
+    target, reference = _llama(smol_path, rows=2), _llama(smol_path, trees=False)
+    prompts = [list(range(1000, 1012)), list(range(2000, 2009))]
+    target.reset(2)
+    target.forward(torch.tensor([prompts[0], [0] * 3 + prompts[1]]),
+                   torch.tensor([[True] * 12, [False] * 3 + [True] * 9]), last_only=True)
+    tree, nodes, last = [[-1, -1, 0, 2], [-1, 0, 0, -1]], [[20, 21, 22, 23], [30, 31, 32, 33]], [5, 6]
+
+    def plain(tokens):
+        reference.reset(1)
+        return reference.forward(torch.tensor([tokens]))[0, -1]
+
+    logits = target.forward_tree(torch.tensor([[a] + n for a, n in zip(last, nodes)]), tree)
+    for b in range(2):
+        assert torch.equal(logits[b, 0], plain(prompts[b] + [last[b]]))
+        for i in range(4):
+            branch, at = [], i
+            while at >= 0:
+                branch.insert(0, nodes[b][at])
+                at = tree[b][at]
+            assert torch.equal(logits[b, i + 1], plain(prompts[b] + [last[b]] + branch)), (b, i)
+    target.keep_paths([[1], []])
+    assert target.lengths == [12 + 2, 9 + 1]
+    after = target.forward(torch.tensor([[40], [41]]))
+    assert torch.equal(after[0, 0], plain(prompts[0] + [5, 21, 40]))
+    assert torch.equal(after[1, 0], plain(prompts[1] + [6, 41]))
+    target.select_rows([])
+    lib, memory = target._shared.lib, target._shared.memory
+    assert not target._shared.holds  # the rows' held branches went with them
+    assert all(lib.llama_memory_seq_pos_max(memory, s) == -1 for s in target._shared.tree_seqs)
+
+
+def test_llamacpp_greedy_with_trees_is_llamacpps_own_token_for_token(smol_path):
+    """A branch point whose more frequent continuation is wrong: trees keep the other branch (fewer forwards), and
+    the exact mode's tokens and logprobs are plain decoding's, bit for bit. (With several rows in the shared KV
+    stream a row's token can land between another row's cells and round differently: README, "Correctness".)"""
+    target = _llama(smol_path)
+    prompt = list(range(1000, 1040))
+    plain = AutoregressiveGenerator(target).generate([prompt], max_new_tokens=24, temperature=0.0, ignore_eos=True,
+                                                     return_logprobs=0)
+    greedy = plain.token_ids[0]
+    history = SuffixHistory()
+    for _ in range(3):
+        history.add(prompt + greedy[:1] + [(greedy[1] + 7) % 40000])
+    history.add(prompt + greedy)
+    runs = {}
+    for width in (1, 3):
+        gen = SpeculativeGenerator(target, SuffixDrafter(history, tree_width=width), num_speculative_tokens=5)
+        runs[width] = gen.generate([prompt], max_new_tokens=24, temperature=0.0, ignore_eos=True,
+                                   return_logprobs=0)
+        assert runs[width].token_ids[0] == greedy
+        assert runs[width].logprobs[0] == plain.logprobs[0]
+    assert runs[3].stats.target_forward_calls < runs[1].stats.target_forward_calls
+
+
+def test_the_pair_builds_llamacpp_for_trees_only_when_asked(smol_path):
+    from specdecode.pair import ModelOptions, load_target
+
+    def target(**options):
+        return load_target(ModelOptions(target=smol_path, threads=1, **options)).model
+
+    assert target(draft="suffix", tree_width=3).supports_trees
+    assert not target(draft="suffix").supports_trees
+    assert not target(draft="none", tree_width=3).supports_trees
+
+
+def test_llamacpp_verifies_chains_without_token_trees(smol_path):
+    """Built without token_trees each row keeps a KV stream of its own (kv_unified off), where a token cannot
+    belong to several sequences: the session asks for chains, and the output is still llama.cpp's greedy text."""
+    target = _llama(smol_path, trees=False)
+    assert not target.supports_trees
     prompt = list(range(1000, 1040)) * 2
     plain = AutoregressiveGenerator(target).generate([prompt], max_new_tokens=24, temperature=0.0, ignore_eos=True)
     drafter = SuffixDrafter(tree_width=3)

@@ -171,6 +171,7 @@ def load_target(opts: ModelOptions, rows: int = 1, progress=None):
 
     return load_model(opts.target, device=opts.device, device_map=opts.device_map,
                       quantize=_quantization(opts, "quantize"), prepack=opts.prepack, progress=progress,
+                      token_trees=opts.tree_width > 1 and opts.has_draft and opts.draft.lower() == SUFFIX,
                       **_shared(opts, rows))
 
 

@@ -18,6 +18,11 @@ llama.cpp of llama-cpp-python 0.3.36; tests/test_llamacpp.py checks them):
 - Prompts (forwards that only want the last position) go through llama.cpp's batched prefill, n_batch tokens at
   a time with the logits of the last token only, as llama-cpp-python's own generation does, so that both start
   from the same cache.
+
+Token trees (token_trees=True, forward_tree / keep_paths) put a tree's tokens in several sequences at once, which
+llama.cpp allows only in one KV stream shared by every row (kv_unified). A row's branches take spare sequence ids.
+llama.cpp also rounds by the order of a row's cells: a later token placed in the freed cell of a rejected node,
+before a kept one, gets other logits. So the exact mode holds rejected branches' cells for a while (_Context.hold).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import numpy as np
 import torch
 
 from . import register_backend
+from ..token_tree import children, depths
 from .llamacpp_context import _Context, _ParkedSequence, _RunningSequence, _end_of_generation_ids, _open
 
 INSTALL_HINT = ('the llama.cpp backend needs llama-cpp-python: pip install -e ".[llamacpp]" '
@@ -60,7 +66,10 @@ class LlamaCppBackend:
     n_threads: defaults to the cores this process may use. max_tokens_per_forward: split every verification
     into forwards of at most this many tokens, one row at a time; 3 (EXACT_TOKENS_PER_FORWARD) makes every logit
     equal llama.cpp's token-by-token decoding; None = unsplit (fewer, larger forwards). flash_attn: llama.cpp's
-    flash attention (the exact mode needs it). use_mmap: map the file instead of reading it; off by default
+    flash attention (the exact mode needs it). token_trees: verify token trees (forward_tree): one KV stream shared
+    by all rows (llama.cpp's kv_unified, where a token can sit in several sequences) and spare sequences for the
+    branches; a batch of several rows then attends over every row's cells, so it is off by default. use_mmap: map
+    the file instead of reading it; off by default
     because on x86 llama.cpp repacks most quantized weights into buffers of its own anyway, and the mapping then
     keeps a second, file-backed copy resident (the Qwen 1.5B + 0.5B pair: 2.5 GiB peak RSS mapped, 1.9 GiB
     read). vocab_size: width of the returned logits (the vocabulary shared with the other model), at most the
@@ -70,7 +79,7 @@ class LlamaCppBackend:
     def __init__(self, model, *, n_ctx: int = 4096, max_rows: int = 1, n_threads: int | None = None,
                  n_threads_batch: int | None = None, n_batch: int = 512,
                  max_tokens_per_forward: int | None = None, flash_attn: bool = True, use_mmap: bool = False,
-                 repack: bool = True,
+                 repack: bool = True, token_trees: bool = False,
                  vocab_size: int | None = None, name: str | None = None, verbose: bool = False):
         lib = _llama_cpp()
         if max_tokens_per_forward is not None and (isinstance(max_tokens_per_forward, bool)
@@ -78,8 +87,9 @@ class LlamaCppBackend:
                                                    or max_tokens_per_forward < 1):
             raise ValueError(f"max_tokens_per_forward must be an integer >= 1 or None, got {max_tokens_per_forward!r}")
         if isinstance(model, (str, os.PathLike)):
+            tree_seqs = min(lib.llama_max_parallel_sequences() - max_rows, 32 * max_rows) if token_trees else 0
             self._shared = _open(lib, Path(model), n_ctx, max_rows, n_threads, n_threads_batch, n_batch,
-                                 flash_attn, use_mmap, repack, verbose)
+                                 flash_attn, use_mmap, repack, verbose, tree_seqs)
             self.name = name or Path(model).name
         elif isinstance(model, lib.Llama):
             self._shared = _Context(lib, model.model, model.ctx, lib.llama_n_ctx_seq(model.ctx), llama=model)
@@ -218,6 +228,73 @@ class LlamaCppBackend:
             lib.llama_memory_seq_rm(memory, self._seqs[b], n, -1)
             self._lengths[b] = n
 
+    # ------------------------------------------------------------------ token trees (token_tree.py)
+    @property
+    def supports_trees(self) -> bool:
+        return bool(self._shared.tree_seqs)
+
+    def forward_tree(self, input_ids: torch.Tensor, parents: list[list[int]]) -> torch.Tensor:
+        """Logits [B, N+1, V] of a tree step: row b's last token (the root) and its N nodes, parents[b] their tree.
+        Each leaf gets a sequence (the row's own for the first, spare ones for the others, holding the row's
+        context too) and every token sits in the sequences of the leaves below it, so a node attends to the
+        context and its ancestors only. Positions are depths. keep_paths then keeps one path."""
+        if not self.supports_trees:
+            raise ValueError(f"{self.name}: token trees need the backend built with token_trees=True")
+        ids = input_ids.detach().to("cpu", torch.int32).numpy()
+        rows_n, width = ids.shape
+        lib, memory, spare = self._shared.lib, self._shared.memory, self._shared.spare_tree_seqs()
+        tokens, pos, seqs, self._tree = [], [], [], []
+        for b, par in enumerate(parents):
+            kids = children(list(par))
+            leaves = [i for i in range(len(par)) if not kids[i + 1]]
+            if len(leaves) - 1 > len(spare) - 1:  # one stays free for the exact mode's held cells
+                raise ValueError(f"a token tree of {len(leaves)} leaves per row needs more spare sequences than "
+                                 f"this llama.cpp context has ({len(self._shared.tree_seqs)}): lower K or max_rows")
+            own = self._seqs[b]
+            leaf_seq = {i: own if j == 0 else spare.pop() for j, i in enumerate(leaves)}
+            temps = [t for t in leaf_seq.values() if t != own]
+            for t in temps:  # the branch sees the row's context
+                lib.llama_memory_seq_cp(memory, own, t, -1, -1)
+            below: dict[int, list[int]] = {}
+            for i in reversed(range(len(par))):  # the leaves below each node, the first one first (its query)
+                below[i] = [leaf_seq[i]] if i in leaf_seq else [s for c in kids[i + 1] for s in below[c]]
+            base, depth = self._lengths[b], [0] + depths(list(par))
+            for j in range(width):
+                tokens.append(int(ids[b, j]))
+                pos.append(base + depth[j])
+                seqs.append([own] + temps if j == 0 else below[j - 1])
+            self._tree.append((base, {i: below[i][0] for i in below}, temps))
+        logits = torch.empty(rows_n, width, self.vocab_size, dtype=torch.float32)
+        flat = logits.numpy().reshape(-1, self.vocab_size)
+        tokens, pos = np.asarray(tokens, dtype=np.int32), np.asarray(pos, dtype=np.int32)
+        step = self.max_tokens_per_forward or self._shared.n_batch  # parents come before children: chunks are fine
+        for start in range(0, len(tokens), step):
+            part = slice(start, min(start + step, len(tokens)))
+            n = part.stop - part.start
+            self._shared.decode(tokens[part], pos[part], seqs[part], np.ones(n, dtype=bool))
+            flat[part] = self._shared.outputs(lib.llama_get_logits, n, self.n_vocab)[:, : self.vocab_size]
+        self._lengths = [n + width for n in self._lengths]
+        return logits
+
+    def keep_paths(self, paths: list[list[int]]) -> None:
+        """After forward_tree: row b keeps its root and the nodes of paths[b]; the branches are forgotten (their
+        spare sequences emptied, their cells freed; held for a while in the exact mode, see _Context.hold)."""
+        lib, memory = self._shared.lib, self._shared.memory
+        for b, ((base, query, temps), path) in enumerate(zip(self._tree, paths)):
+            own, kept = self._seqs[b], base + 1 + len(path)
+            if self.max_tokens_per_forward is not None and temps:  # the exact mode: keep the cells in order
+                self._shared.hold(own, base + 1, [own, *temps], len(query))
+            leaf = query[path[-1]] if path else own
+            if leaf != own:  # the kept path lies on a branch: the row's sequence takes it over
+                lib.llama_memory_seq_rm(memory, own, base + 1, -1)
+                lib.llama_memory_seq_cp(memory, leaf, own, base + 1, kept)
+            else:
+                lib.llama_memory_seq_rm(memory, own, kept, -1)
+            for t in temps:
+                lib.llama_memory_seq_rm(memory, t, -1, -1)
+            self._lengths[b] = kept
+        self._tree = []
+
     def reusable_prefix(self, length: int, matched: int, budget: int | None) -> int:
         """The longest cached prefix (a multiple of FA_TILE, at most `matched`, leaving at least the last token)
         after which a single row's prefill runs its last forward through the same kernels as a cold prefill: the
@@ -340,6 +417,8 @@ def load(source, options):
         keywords.setdefault("max_rows", options.max_rows)
     if options.threads is not None:
         keywords["n_threads"] = options.threads
+    if options.token_trees:
+        keywords.setdefault("token_trees", True)
     model = LlamaCppBackend(gguf, name=name, **keywords)
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir)) if tokenizer_dir is not None else None
     if tokenizer is not None and len(tokenizer) < model.n_vocab:

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 
 _BACKEND_READY = False
+TREE_CELLS = 256  # KV cells per row beyond n_ctx for token trees: a step's nodes (at most K + 1), and held branches
+HELD_CELLS = 192  # the exact mode holds a row's rejected branches in at most this many cells (_Context.hold)
 
 
 def _quiet(verbose: bool):
@@ -39,6 +41,9 @@ class _Batch:
         int_p = ctypes.POINTER(ctypes.c_int32)
         self._seq_ptrs = (int_p * capacity)(*[ctypes.cast(self.seq.ctypes.data + 4 * i, int_p)
                                               for i in range(capacity)])
+        self._single = (int_p * capacity)()
+        ctypes.memmove(self._single, self._seq_ptrs, ctypes.sizeof(self._seq_ptrs))
+        self._multi: np.ndarray | None = None  # the seq ids of a fill_multi, while the pointers point into it
         self.struct = lib.llama_batch(
             n_tokens=0, token=self.token.ctypes.data_as(int_p), embd=None, pos=self.pos.ctypes.data_as(int_p),
             n_seq_id=self.n_seq_id.ctypes.data_as(int_p), seq_id=ctypes.cast(self._seq_ptrs, ctypes.POINTER(int_p)),
@@ -46,18 +51,41 @@ class _Batch:
 
     def fill(self, tokens: np.ndarray, pos: np.ndarray, seq: np.ndarray, outputs: np.ndarray) -> None:
         n = len(tokens)
+        if self._multi is not None:
+            self._point_at_seq()
         self.token[:n], self.pos[:n], self.seq[:n], self.logits[:n] = tokens, pos, seq, outputs
         self.struct.n_tokens = n
+
+    def fill_multi(self, tokens: np.ndarray, pos: np.ndarray, seqs: list[list[int]], outputs: np.ndarray) -> None:
+        """Like fill, each token in the sequences seqs[i] (a token tree's: llama.cpp attends from a token's first
+        sequence to the cells that hold it)."""
+        n = len(tokens)
+        self._multi = np.asarray([s for group in seqs for s in group], dtype=np.int32)
+        int_p = ctypes.POINTER(ctypes.c_int32)
+        at = 0
+        for i, group in enumerate(seqs):
+            self._seq_ptrs[i] = ctypes.cast(self._multi.ctypes.data + 4 * at, int_p)
+            at += len(group)
+        self.token[:n], self.pos[:n], self.logits[:n] = tokens, pos, outputs
+        self.n_seq_id[:n] = [len(group) for group in seqs]
+        self.struct.n_tokens = n
+
+    def _point_at_seq(self) -> None:
+        ctypes.memmove(self._seq_ptrs, self._single, ctypes.sizeof(self._seq_ptrs))
+        self.n_seq_id[:] = 1
+        self._multi = None
 
 
 class _Context:
     """What a backend and its forks share: llama.cpp's model and context, the batch buffers, the sequence ids."""
 
-    def __init__(self, lib, model, ctx, n_ctx: int, llama=None):
+    def __init__(self, lib, model, ctx, n_ctx: int, llama=None, tree_seqs: int = 0):
         self.lib, self.model, self.ctx, self.llama = lib, model, ctx, llama
         self.memory = lib.llama_get_memory(ctx)
         self.n_batch = lib.llama_n_batch(ctx)
-        self.n_seq = lib.llama_n_seq_max(ctx)
+        self.n_seq = lib.llama_n_seq_max(ctx) - tree_seqs  # rows; the last tree_seqs ids are a token tree's
+        self.tree_seqs = list(range(self.n_seq, self.n_seq + tree_seqs))
+        self.holds: dict[int, tuple[int, int]] = {}  # a row's sequence -> (the sequence holding its branches, cells)
         # llama.cpp rounds each row's KV stream up to a multiple of 256 cells; the trained context still bounds it
         self.max_positions = min(lib.llama_n_ctx_seq(ctx), n_ctx)
         self.batch = _Batch(lib, self.n_batch)
@@ -76,6 +104,7 @@ class _Context:
         for s in free[:n]:
             if s in self.owners:  # left behind by a fork that was dropped unmerged
                 self.lib.llama_memory_seq_rm(self.memory, s, -1, -1)
+                self.drop_hold(s)
             self.owners[s] = weakref.ref(owner)
         return free[:n]
 
@@ -86,9 +115,35 @@ class _Context:
         for s in seqs:
             self.lib.llama_memory_seq_rm(self.memory, s, -1, -1)
             self.owners.pop(s, None)
+            self.drop_hold(s)
+
+    # token trees: spare sequences for branches, and the exact mode's held cells
+    def spare_tree_seqs(self) -> list[int]:
+        held = {h for h, _ in self.holds.values()}
+        return [s for s in self.tree_seqs if s not in held]
+
+    def hold(self, seq: int, p0: int, sources: list[int], cells: int) -> None:
+        """Keep the cells of a tree step's nodes (from position p0, in these sequences) occupied, so that later
+        tokens of the row are not placed in the cells of rejected nodes, before cells it kept: llama.cpp would then
+        attend over its cells in another order and round differently. Past HELD_CELLS the old ones are let go."""
+        hold, count = self.holds.get(seq) or (self.spare_tree_seqs()[0], 0)
+        if count + cells > HELD_CELLS:
+            self.lib.llama_memory_seq_rm(self.memory, hold, -1, -1)
+            count = 0
+        for src in sources:
+            self.lib.llama_memory_seq_cp(self.memory, src, hold, p0, -1)
+        self.holds[seq] = (hold, count + cells)
+
+    def drop_hold(self, seq: int) -> None:
+        if seq in self.holds:
+            self.lib.llama_memory_seq_rm(self.memory, self.holds.pop(seq)[0], -1, -1)
 
     def decode(self, tokens, pos, seq, outputs) -> None:
-        self.batch.fill(tokens, pos, seq, outputs)
+        """One llama_decode; seq: a sequence id per token, or (a token tree) a list of them per token."""
+        if isinstance(seq, list):
+            self.batch.fill_multi(tokens, pos, seq, outputs)
+        else:
+            self.batch.fill(tokens, pos, seq, outputs)
         if self.llama is not None:  # a Llama whose context this is would reuse "its" cached prompt, now ours
             self.llama.n_tokens = 0
             self.llama._requires_eval = True
@@ -121,7 +176,7 @@ class _RunningSequence:
 
 
 def _open(lib, path: Path, n_ctx, max_rows, n_threads, n_threads_batch, n_batch, flash_attn, use_mmap, repack,
-          verbose) -> _Context:
+          verbose, tree_seqs: int = 0) -> _Context:
     global _BACKEND_READY
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {path} not found")
@@ -143,10 +198,12 @@ def _open(lib, path: Path, n_ctx, max_rows, n_threads, n_threads_batch, n_batch,
         n_ctx = min(n_ctx, trained) if trained > 0 else n_ctx
         threads = n_threads or _cores()
         params = lib.llama_context_default_params()
-        # Each row gets its own KV stream of n_ctx cells (kv_unified off splits n_ctx over the sequences).
-        params.n_ctx = n_ctx * max_rows
-        params.n_seq_max = max_rows
-        params.kv_unified = False
+        # Each row gets its own KV stream of n_ctx cells (kv_unified off splits n_ctx over the sequences). Token
+        # trees need a token in several sequences, which only one shared stream allows (kv_unified on: every row's
+        # attention then spans the cells in use, so it is asked for only with trees), and cells for a tree's nodes.
+        params.n_ctx = n_ctx * max_rows + (TREE_CELLS * max_rows if tree_seqs else 0)
+        params.n_seq_max = max_rows + tree_seqs
+        params.kv_unified = bool(tree_seqs)
         params.n_batch = min(n_ctx * max_rows, n_batch)
         params.n_ubatch = min(params.n_batch, 512)
         params.n_threads = threads
@@ -157,7 +214,7 @@ def _open(lib, path: Path, n_ctx, max_rows, n_threads, n_threads_batch, n_batch,
         lib.llama_model_free(model)
         raise RuntimeError(f"llama.cpp could not create a context of {n_ctx} tokens x {max_rows} rows for {path} "
                            f"(out of memory?): lower n_ctx or max_rows")
-    return _Context(lib, model, ctx, n_ctx)
+    return _Context(lib, model, ctx, n_ctx, tree_seqs=tree_seqs)
 
 
 def _end_of_generation_ids(lib, vocab, n_vocab: int) -> set[int]:

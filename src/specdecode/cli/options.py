@@ -88,7 +88,7 @@ def _model_declarations(k_default: str, k_list: bool) -> dict:
                                               "kept to draft from (least recently used out first; 0: none).")),
         "tree_width": (int, option(1, "--tree-width", help="--draft suffix: propose token trees, up to this many "
                                    "continuations per node, verified in one forward as wide as the chain's "
-                                   "(transformers backends; llama.cpp verifies chains). 1: chains.")),
+                                   "(llama.cpp: the target is built with one KV stream for all rows). 1: chains.")),
     }
 
 
