@@ -358,3 +358,56 @@ def test_llamacpp_verifies_chains_without_token_trees(smol_path):
         [prompt], max_new_tokens=24, temperature=0.0, ignore_eos=True)
     assert got.token_ids == plain.token_ids and got.stats.proposed_tokens > 0
     assert not drafter._trees
+
+
+# ---------------------------------------------------------------------------------------------- model drafts
+def _model_drafter(draft, width):
+    from specdecode.backends import as_backend
+    from specdecode.drafters import ModelDrafter
+
+    return ModelDrafter(as_backend(draft), tree_width=width)
+
+
+@pytest.mark.parametrize("k", [1, 4, "auto"])
+def test_model_draft_trees_keep_greedy_output(tiny_pair, prompts, k):
+    target, draft = tiny_pair
+    plain = AutoregressiveGenerator(target).generate(prompts, max_new_tokens=32, temperature=0.0, ignore_eos=True)
+    drafter = _model_drafter(draft, 3)
+    result = SpeculativeGenerator(target, drafter, num_speculative_tokens=k).generate(
+        prompts, max_new_tokens=32, temperature=0.0, ignore_eos=True)
+    assert result.token_ids == plain.token_ids
+    if k == 4:
+        assert result.stats.proposed_tokens > 0 and result.stats.draft_forward_calls > 0
+
+
+@pytest.mark.parametrize("k, method, seed", [(3, "leviathan", None), (4, "chen", None), ("auto", "leviathan", 7)])
+def test_model_draft_trees_sample_the_targets_joint(small_target, k, method, seed):
+    """A draft model's chain with siblings of its first token, all deterministic candidates: the first three
+    tokens' joint against the target's, enumerated (the method applies to chains; trees have one rule)."""
+    draft = tiny_qwen(VOCAB, seed=11, layers=1, hidden=32)
+    drafter = _model_drafter(draft, 2)
+    gen = SpeculativeGenerator(small_target, drafter, num_speculative_tokens=k, method=method)
+    result = gen.generate([PROMPT] * 3000, max_new_tokens=4, temperature=0.8, seed=seed, ignore_eos=True)
+    if k != "auto":  # the policy may decode plainly where drafts do not pay
+        assert result.stats.proposed_tokens > 0
+    joint = exact_joint(small_target, PROMPT, 3, functools.partial(hf_warp, temperature=0.8, top_k=0, top_p=1.0))
+    index = {s: i for i, s in enumerate(joint)}
+    observed = torch.zeros(len(joint) + 1)
+    for row in result.token_ids:
+        observed[index.get(tuple(row[:3]), len(joint))] += 1
+    assert_matches(observed, list(joint.values()) + [0.0], min_p=1e-4)
+
+
+def test_a_model_draft_tree_is_its_chain_and_the_next_best_first_tokens(tiny_pair):
+    from specdecode.sampling import BatchSampling, SamplingParams
+
+    target, draft = tiny_pair
+    drafter = _model_drafter(draft, 3)
+    drafter.prefill(torch.tensor([[5, 6, 7, 8]]), None)
+    drafter.use_trees(True)
+    proposal = drafter.propose(4, BatchSampling([SamplingParams(0.0)]), None, [4])
+    assert proposal.parents == [[-1, 0, -1, -1]] and proposal.q is None
+    first = draft(torch.tensor([[5, 6, 7, 8]])).logits[0, -1]
+    assert proposal.tokens[0, [0, 2, 3]].tolist() == torch.topk(first, 3).indices.tolist()
+    with pytest.raises(ValueError, match="tree_width"):
+        _model_drafter(draft, 0)

@@ -23,11 +23,21 @@ class ModelDrafter(Drafter):
     proportion to the run (~10 % of its time on a 2-core CPU). For such trials the loop calls limit_catch_up(): a
     row further behind than `catch_up_window` tokens restarts its cache from its last `catch_up_window` tokens.
     Only q changes (a shorter context), so the output stays exact; the draft's context grows again from there.
+
+    tree_width W > 1 (where the session can verify trees): the chain is drafted W - 1 tokens shorter and the root
+    gets the W - 1 next most likely tokens of the first draft distribution as siblings, the same K nodes in all.
+    Every node is then a deterministic candidate (q is not used: token_tree.py's rule is exact for candidates
+    chosen by any means independent of the verification's random numbers).
     """
 
     catch_up_window = 32
 
-    def __init__(self, backend: ModelBackend):
+    def __init__(self, backend: ModelBackend, tree_width: int = 1):
+        if isinstance(tree_width, bool) or not isinstance(tree_width, int) or not 1 <= tree_width <= 16:
+            raise ValueError(f"tree_width must be an integer 1..16 (1: chains), got {tree_width!r}")
+        self.tree_width = tree_width
+        self._trees = False
+        self._chain: list[list[int]] = []  # the chain of the last tree proposal, per row (what the cache saw)
         self.backend = backend
         self.vocab_size = backend.vocab_size
         self.max_rows = getattr(backend, "max_rows", None)  # rows its cache can hold (None: no limit)
@@ -76,7 +86,7 @@ class ModelDrafter(Drafter):
     def fork(self, batch_size: int) -> "ModelDrafter":
         if self.prefix_cache is not None:
             self.prefix_cache.make_room(self.backend, batch_size, [])
-        other = ModelDrafter(self.backend.fork(batch_size))
+        other = ModelDrafter(self.backend.fork(batch_size), self.tree_width)
         other.prefix_cache = self.prefix_cache
         return other
 
@@ -88,6 +98,9 @@ class ModelDrafter(Drafter):
 
     def max_drafts(self, k: int) -> list[int]:
         return [k] * len(self._pending)
+
+    def use_trees(self, allowed: bool) -> None:
+        self._trees = allowed and self.tree_width > 1
 
     def behind(self) -> list[int]:
         """Per row, the tokens the next proposal would feed before drafting."""
@@ -117,13 +130,16 @@ class ModelDrafter(Drafter):
         self._fed = [n + len(p) for n, p in zip(self.backend.lengths, self._pending)]
         # Right padding: the new tokens sit right after each row's cached ones (exact for sliding windows too).
         ids, valid = pad(self._pending, self.backend.device, side="right")
-        tokens, probs, token = [], [], None
+        siblings = min(self.tree_width - 1, k - 1) if self._trees else 0
+        tokens, probs, token, first = [], [], None, None
         sampled = sampling.sampled_index
-        for i in range(k):
+        for i in range(k - siblings):
             logits = self.backend.forward(ids, valid, last_only=True)[:, -1]
             self.forward_calls += 1
             mask = sampling.draft_mask(i, token)  # the rows' grammars, followed along their own drafts
             token = torch.argmax(sampling.masked(logits, mask), dim=-1)  # additive mask: branch-free
+            if i == 0 and siblings:
+                first = sampling.masked(logits, mask)
             if not sampling.all_greedy:
                 q = sampling.probs(logits) if mask is None else sampling.probs(logits, mask)
                 token[sampled] = sample_with_uniforms(q, uniforms[sampled, i])
@@ -131,10 +147,30 @@ class ModelDrafter(Drafter):
                 probs.append(q)
             tokens.append(token)
             ids, valid = token.unsqueeze(1), None
-        self._proposed = k
+        self._proposed = k - siblings
+        clean = bool(self.catch_up_s) or self.catch_up <= 2
+        if siblings:
+            return self._tree_proposal(torch.stack(tokens, dim=1), first, siblings, num_drafts, clean)
         return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None,
-                        self.catch_up_s, self.catch_up_tokens if self.catch_up_s else 0,
-                        clean=bool(self.catch_up_s) or self.catch_up <= 2)
+                        self.catch_up_s, self.catch_up_tokens if self.catch_up_s else 0, clean=clean)
+
+    def _tree_proposal(self, chain: torch.Tensor, first: torch.Tensor, siblings: int, num_drafts,
+                       clean: bool) -> Proposal:
+        """The chain, then beside its first token the next most likely first tokens: a row with n nodes keeps the
+        first n - s of its chain and s siblings (s = min(siblings, n - 1)), so its forward is as wide as asked."""
+        top = torch.topk(first, siblings + 1, dim=-1).indices.tolist()
+        rows, parents, self._chain = [], [], []
+        for b, n in enumerate(num_drafts):
+            s = min(siblings, max(n - 1, 0))
+            mine = chain[b, : n - s].tolist()
+            others = [t for t in top[b] if t != mine[0]][:s] if mine else []
+            nodes = mine + others
+            pad_to = chain.shape[1] + siblings
+            rows.append(nodes + [nodes[-1] if nodes else 0] * (pad_to - len(nodes)))
+            parents.append(list(range(-1, len(mine) - 1)) + [-1] * (pad_to - len(mine)))
+            self._chain.append(mine)
+        return Proposal(torch.tensor(rows, dtype=torch.long), None, self.catch_up_s,
+                        self.catch_up_tokens if self.catch_up_s else 0, clean=clean, parents=parents)
 
     def update(self, emitted: list[list[int]], kept: list[int], hidden=None) -> None:
         k = self._proposed
@@ -145,7 +181,11 @@ class ModelDrafter(Drafter):
         if k == 0:  # nothing was fed: the new tokens just queue up
             self._pending = [p + e for p, e in zip(self._pending, emitted)]
             return
-        # The cache saw the pending tokens and its drafts[:k-1]; keep what was accepted of those.
+        # The cache saw the pending tokens and its drafts[:k-1]; keep what was accepted of those (after a tree, the
+        # chain's tokens that were kept: a path through a sibling kept none of them).
+        if self._chain:
+            kept = [_common_prefix(c, e[:n]) for c, e, n in zip(self._chain, emitted, kept)]
+            self._chain = []
         cached = [min(n, k - 1) for n in kept]
         self.backend.trim([f + c for f, c in zip(self._fed, cached)])
         self._pending = [e[c:] for e, c in zip(emitted, cached)]
@@ -163,3 +203,10 @@ class ModelDrafter(Drafter):
         self._history = [self._history[r] for r in rows] if self._history else []
         self._pending = [self._pending[r] for r in rows]
         self._fed = [self._fed[r] for r in rows] if self._fed else []
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
