@@ -91,12 +91,18 @@ def test_cli_writes_json_and_a_figure(tiny_pair, tokenizer, tmp_path):
 def test_continuous_batching_cuts_tail_ttft_without_losing_throughput(tiny_pair, tokenizer):
     """Poisson arrivals: requests that join the running batch get their first token after one prefill; waiting for
     the batch to drain (the static batching it replaces, --static-batching) makes them queue behind whole
-    generations (the issue's case: 128-token requests that hold the engine)."""
-    load = dict(prompts=PROMPTS, num_requests=24, rate=1.5, max_tokens=128, seed=3)
+    generations (the issue's case: long requests that hold the engine; 256 tokens here, so that a generation lasts
+    long beside a prefill even on a fast CPU)."""
+    load = dict(prompts=PROMPTS, num_requests=24, max_tokens=256, seed=3)
     reports = {}
     for name, join in (("continuous", True), ("wait-for-batch", False)):
-        with _server(tiny_pair, tokenizer, static_batching=not join) as srv:
+        with _server(tiny_pair, tokenizer, static_batching=not join, max_tokens_limit=256) as srv:
             assert srv.app.state.batcher.join_running is join
+            if "rate" not in load:
+                # Arrivals paced to this machine: one every 1.25 lone generations (a load of ~0.8), so that with
+                # static batching most requests arrive while a batch is running, however fast the CPU is.
+                alone = bench_serve(ServeBenchSettings(url=srv.url, **{**load, "num_requests": 3}, concurrency=1))
+                load["rate"] = 0.8 / alone["latency_s"]["p50"]
             reports[name] = bench_serve(ServeBenchSettings(url=srv.url, **load))
     cont, base = reports["continuous"], reports["wait-for-batch"]
     assert cont["succeeded"] == base["succeeded"] == load["num_requests"]
