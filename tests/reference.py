@@ -85,3 +85,18 @@ def pit_values(conditionals: torch.Tensor, tokens: torch.Tensor, generator) -> t
 def assert_uniform(values: torch.Tensor, bins: int = 20, min_p: float = 1e-3) -> float:
     counts = torch.histc(values.float().clamp(0, 1 - 1e-7), bins=bins, min=0, max=1)
     return assert_matches(counts, torch.full((bins,), 1.0 / bins), min_p=min_p)
+
+
+def assert_first_tokens_follow_target(model, prompt: list[int], rows, temperature: float, length: int = 3,
+                                      min_p: float = 1e-4) -> float:
+    """The first `length` tokens of each generated row against the target's joint, enumerated (chi-square; a row
+    outside the joint's support fails)."""
+    import functools
+
+    joint = exact_joint(model, prompt, length, functools.partial(hf_warp, temperature=temperature, top_k=0,
+                                                                  top_p=1.0))
+    index = {s: i for i, s in enumerate(joint)}
+    observed = torch.zeros(len(joint) + 1)
+    for row in rows:
+        observed[index.get(tuple(row[:length]), len(joint))] += 1
+    return assert_matches(observed, list(joint.values()) + [0.0], min_p=min_p)

@@ -7,7 +7,6 @@ lookup's is that the history changes between requests, and the keys that keep hi
 
 from __future__ import annotations
 
-import functools
 import statistics
 import time
 
@@ -17,7 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import tiny_qwen
-from reference import assert_matches, exact_joint, hf_warp
+from reference import assert_first_tokens_follow_target
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator, SuffixDrafter, SuffixHistory
 from specdecode.drafters.suffix_index import TokenLog, speculate
 
@@ -245,12 +244,7 @@ def test_sampled_output_follows_the_target_exactly(small_target, k, method, seed
     result = gen.generate([PROMPT] * SAMPLES, max_new_tokens=4, temperature=0.8, seed=seed, ignore_eos=True)
     if k != "auto":
         assert 0.05 < result.stats.acceptance_rate < 0.98  # both the accept and the reject paths ran
-    joint = exact_joint(small_target, PROMPT, 3, functools.partial(hf_warp, temperature=0.8, top_k=0, top_p=1.0))
-    index = {s: i for i, s in enumerate(joint)}
-    observed = torch.zeros(len(joint) + 1)
-    for row in result.token_ids:
-        observed[index.get(tuple(row[:3]), len(joint))] += 1
-    assert_matches(observed, list(joint.values()) + [0.0], min_p=1e-4)
+    assert_first_tokens_follow_target(small_target, PROMPT, result.token_ids, temperature=0.8)
 
 
 # ---------------------------------------------------------------------------------------------- the CLI
