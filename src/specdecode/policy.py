@@ -16,6 +16,13 @@ positions 1..n accepted and position n+1 rejected (when n < k); later positions 
 counted. A position with little evidence leans on a coarser estimate (shrinkage): row -> batch at that position
 -> batch pooled over positions -> a prior of 0.7, so a new row, or a deep position, is not clueless.
 
+Draft classes. A copying drafter knows before each step how good its draft is likely to be: a suffix or prompt-lookup
+draft after a 16-token match is kept nearly always, one after a 1-token match rarely (Drafter.draft_classes, the
+match length bucketed). Where a row's draft has a class, its acceptance is learned per class instead of per row
+(class at that position -> class pooled -> batch pooled), so the policy drafts where the match is long and decodes
+plainly where it is short, step by step, instead of following a row average that mixes both. A class is a function
+of the context (the drafts are deterministic), so K stays a function of what is known before the step.
+
 Plain steps and probes. When no K pays the policy decodes plainly (it stops speculating only when plain steps
 look 5 % faster, so a noisy dip in the estimates does not stop it) and probes, with the K most likely to pay,
 after 8 plain steps; each failed probe doubles the wait (16, 32, ... 256), so probes cost well under 1 % in the
@@ -89,6 +96,7 @@ class Policy(ABC):
         self._histogram: dict[int, int] = {}
         self.trial = False  # whether the last choice was a probe or an exploration (the loop may bound catch-ups)
         self._free_drafts = False  # the step's drafts run no model forward (note_drafting)
+        self._classes: dict[int, RowState] = {}  # draft class -> its acceptance evidence (note_class)
 
     def new_row(self) -> RowState:
         return RowState(self.max_k)
@@ -98,6 +106,18 @@ class Policy(ABC):
         would feed (the backlog bounded by the drafter's window), and the tokens the row still wants."""
         if isinstance(row, RowState):  # a policy of the user's own may keep other state
             row.behind, row.probe_behind, row.remaining = behind, probe_behind, remaining
+
+    def note_class(self, row: RowState, draft_class: int | None) -> None:
+        """Before choose() and observe(): the class of this step's draft for the row (None: none), whose acceptance
+        is then learned and estimated per class."""
+        if isinstance(row, RowState):
+            row.draft_class = draft_class
+
+    def _evidence(self, row: RowState) -> RowState:
+        """Where a row's acceptance is counted: its draft class's evidence, or its own."""
+        if not isinstance(row, RowState) or row.draft_class is None:
+            return row
+        return self._classes.setdefault(row.draft_class, RowState(self.max_k))
 
     def note_drafting(self, free: bool) -> None:
         """Before choose() and observe(): whether the step's drafts run no model forward (suffix+MODEL where the
@@ -134,8 +154,9 @@ class Policy(ABC):
         scale_evidence([self.accepted, self.seen], self.decay)  # the batch decays once per step, not once per row
         for row, n, kept in zip(rows, drafted, accepted):
             if n:
-                scale_evidence([row.accepted, row.seen], self.decay)
-                record_outcome(row, n, kept)
+                evidence = self._evidence(row)
+                scale_evidence([evidence.accepted, evidence.seen], self.decay)
+                record_outcome(evidence, n, kept)
                 record_outcome(self, n, kept)
 
     def _drafted(self, rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted) -> list[int]:
@@ -160,9 +181,15 @@ class Policy(ABC):
         return [shrunk(a, s, pooled) for a, s in zip(self.accepted, self.seen)]
 
     def expected_tokens(self, row: RowState, batch: list[float] | None = None) -> list[float]:
-        """E(k) for k = 0..max_k: the new tokens row expects from a step with k drafts."""
+        """E(k) for k = 0..max_k: the new tokens row expects from a step with k drafts (from its draft class's
+        evidence where it has one)."""
+        evidence, priors = self._evidence(row), batch or self.batch_acceptance()
+        if evidence is not row:  # a class: shrunk to its own pooled rate, which is shrunk to the batch's
+            pooled = shrunk(sum(evidence.accepted), sum(evidence.seen),
+                            shrunk(sum(self.accepted), sum(self.seen), PRIOR_ACCEPTANCE))
+            priors = [pooled] * len(priors)
         gains, run = [1.0], 1.0
-        for a, s, prior in zip(row.accepted, row.seen, batch or self.batch_acceptance()):
+        for a, s, prior in zip(evidence.accepted, evidence.seen, priors):
             run *= shrunk(a, s, prior)
             gains.append(gains[-1] + run)
         return gains
@@ -223,6 +250,8 @@ class Policy(ABC):
             "mean_k": sum(k * n for k, n in self._histogram.items()) / steps if steps else 0.0,
             "probes": self.probes, "explorations": self.explorations, "refreshes": self.refreshes,
             "acceptance": [round(a, 4) for a in self.batch_acceptance()],
+            "class_acceptance": {c: round(sum(e.accepted) / sum(e.seen), 4) for c, e in sorted(self._classes.items())
+                                 if sum(e.seen)},
             "costs": {b: {"draft_s": self._draft[b].value if b in self._draft else None,
                           "verify_s": {n: m.value for n, m in sorted(self._verify[b].items())}}
                       for b in sorted(self._verify)},

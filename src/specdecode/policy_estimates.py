@@ -16,7 +16,7 @@ WARM_SAMPLES = 2           # the first timings of a shape may include a warm-up:
 class RowState:
     """One row's decayed acceptance evidence: accepted[i] / seen[i] estimates a_{i+1}."""
 
-    __slots__ = ("accepted", "seen", "cap", "behind", "probe_behind", "remaining")
+    __slots__ = ("accepted", "seen", "cap", "behind", "probe_behind", "remaining", "draft_class")
 
     def __init__(self, max_k: int):
         self.accepted = [0.0] * max_k
@@ -26,6 +26,7 @@ class RowState:
         # what a probe would feed (the backlog bounded by the drafter's window), and tokens the row still wants.
         self.behind = self.probe_behind = 0
         self.remaining: int | None = None
+        self.draft_class: int | None = None  # this step's draft class (Drafter.draft_classes), set before choose()
 
 
 class Cost:

@@ -40,6 +40,16 @@ class Proposal:
     parents: list[list[int]] | None = None
 
 
+MATCH_CLASSES = (1, 2, 3, 5, 8, 15, 31)  # upper bounds of the match-length classes; longer matches are the last class
+
+
+def match_class(length: int) -> int:
+    """The class of a draft copied after a context match of `length` tokens (0 for 1 token ... 7 for 32 or more).
+    Measured on the edit workload (default pair): the first copied token was kept 19 % of the time after a 1-token
+    match, 53 % after 2, 69 % after 3, 80-90 % after 5-8 and 90-100 % after longer ones."""
+    return next((i for i, hi in enumerate(MATCH_CLASSES) if length <= hi), len(MATCH_CLASSES))
+
+
 class Drafter:
     """The drafter contract, with defaults for what most drafters do not need."""
 
@@ -86,6 +96,14 @@ class Drafter:
     def behind(self) -> list[int] | None:
         """Per row, the tokens the next proposal would feed before drafting (the policy prices a catch-up); None
         for a drafter that is never behind (no model, no cache)."""
+        return None
+
+    def draft_classes(self) -> list[int | None] | None:
+        """After max_drafts(k): per row, the class of this step's draft, whose acceptance the policy learns apart
+        (a copying drafter's match length, bucketed by match_class: a 16-token match is kept far more often than a
+        1-token one), or None for a row whose draft has no class; None for a drafter without classes. A class must
+        be a function of the context alone (as max_drafts is), never of a random draw: K then stays a function of
+        what is known before the step, which keeps deterministic drafts exact."""
         return None
 
     def drafts_free(self) -> bool:

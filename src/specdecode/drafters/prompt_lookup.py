@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Drafter, Proposal
+from .base import Drafter, Proposal, match_class
 
 
 class PromptLookupDrafter(Drafter):
@@ -20,6 +20,7 @@ class PromptLookupDrafter(Drafter):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self._context: list[list[int]] = []
         self._matches: list[list[int]] = []
+        self._ngrams: list[int] = []  # the n-gram length each row's match was found at this step
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None, hidden=None) -> None:
         rows = input_ids.tolist()
@@ -34,17 +35,27 @@ class PromptLookupDrafter(Drafter):
 
     def _lookup(self, context: list[int], k: int) -> list[int]:
         """What followed the most recent earlier occurrence of the longest matching tail n-gram ([] if none)."""
+        return self._find(context, k)[0]
+
+    def _find(self, context: list[int], k: int) -> tuple[list[int], int]:
+        """_lookup's draft and the n-gram length it was found at ([], 0 if none)."""
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
             tail = context[-n:]
             for start in range(len(context) - n - 1, -1, -1):  # the most recent occurrence: recent text predicts best
                 if context[start:start + n] == tail:
-                    return context[start + n: start + n + k]
-        return []
+                    return context[start + n: start + n + k], n
+        return [], 0
 
     def max_drafts(self, k: int) -> list[int]:
         """How many drafts each row can really propose (the length of its match): a bound for the loop's K."""
-        self._matches = [self._lookup(c, k) for c in self._context]
+        found = [self._find(c, k) for c in self._context]
+        self._matches, self._ngrams = [m for m, _ in found], [n for _, n in found]
         return [len(m) for m in self._matches]
+
+    def draft_classes(self) -> list[int | None]:
+        """Per row, the class of the n-gram length its match was found at (None where none was found)."""
+        return [match_class(n) if m else None for m, n in zip(self._matches, self._ngrams)] if self._matches \
+            else [None] * len(self._context)
 
     def propose(self, k: int, sampling, uniforms, num_drafts):
         matches = self._matches or [self._lookup(c, k) for c in self._context]

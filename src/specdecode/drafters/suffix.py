@@ -28,7 +28,7 @@ from collections import deque
 
 import torch
 
-from .base import Drafter, Proposal
+from .base import Drafter, Proposal, match_class
 from .suffix_index import MAX_MATCH, Draft, SuffixHistory, TokenLog, speculate, speculate_tree
 
 __all__ = ["SuffixDrafter", "SuffixHistory"]
@@ -165,6 +165,11 @@ class SuffixDrafter(Drafter):
         if self._trees:
             return [len(d.tree[0][:k]) for d in self._drafts_for(k)]
         return [len(d.tokens[:k]) for d in self._drafts_for(k)]
+
+    def draft_classes(self) -> list[int | None]:
+        """Per row, the class of the draft max_drafts found (its match length's), None where it found none."""
+        drafts = self._drafts[1] if self._drafts is not None else [Draft()] * len(self._rows)
+        return [match_class(d.match) if d.tokens else None for d in drafts]
 
     def scores(self, k: int) -> list[float]:
         """Per row, the index's confidence in the draft it found this step (at most k tokens, or the more asked

@@ -144,6 +144,11 @@ class SuffixModelDrafter(Drafter):
         self._copied = [s >= self.min_score for s in scores]
         return [n if c else k for n, c in zip(lengths, self._copied)]
 
+    def draft_classes(self) -> list[int | None]:
+        """The suffix index's classes for the rows that copy; None for the rows the model drafts."""
+        classes = self.suffix.draft_classes()
+        return [c if copied else None for c, copied in zip(classes, self._copied or [False] * len(classes))]
+
     def drafts_free(self) -> bool:
         return self._copied is not None and all(self._copied)
 
