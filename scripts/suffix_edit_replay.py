@@ -76,6 +76,15 @@ def cost_ratio(positions, v, rule) -> float:
     return len(positions) / cost
 
 
+def oracle_ratio(positions, v) -> float:
+    """The best any rule could do: each step's K chosen knowing how many drafts it would keep (dynamic programming)."""
+    best = [0.0] * (len(positions) + 1)
+    for i in range(len(positions) - 1, -1, -1):
+        offered, right, _ = positions[i]
+        best[i] = min(v[k] + best[min(len(positions), i + min(k, right) + 1)] for k in range(min(offered, KMAX) + 1))
+    return len(positions) / best[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("report", help="a bench serve --workload edit JSON report")
@@ -99,6 +108,8 @@ def main() -> None:
     for name, rule in rules.items():
         ratios = [cost_ratio(p, v, rule) for p in runs]
         print(f"{name:22s} median {statistics.median(ratios):.2f}x plain  " + " ".join(f"{r:.2f}" for r in ratios))
+    ratios = [oracle_ratio(p, v) for p in runs]
+    print(f"{'oracle':22s} median {statistics.median(ratios):.2f}x plain  " + " ".join(f"{r:.2f}" for r in ratios))
 
 
 if __name__ == "__main__":
