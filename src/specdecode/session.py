@@ -359,8 +359,8 @@ class DecodingSession:
             return [0] * len(self.active)
         caps = [min(c, d) for c, d in zip(caps, self.drafter.max_drafts(widest))]
         self.policy.note_drafting(self.drafter.drafts_free())  # drafts that run no model are priced free
-        classes = self.drafter.draft_classes() or [None] * len(self.active)
-        for row, draft_class in zip(self.active, classes):  # a long match's copy is worth more than a short one's
+        classes = self.drafter.draft_classes()  # None for a drafter without classes: its rows keep None
+        for row, draft_class in zip(self.active, classes or ()):  # a long match's copy is worth more than a short one's
             self.policy.note_class(row.policy_state, draft_class)
         behind = self.drafter.behind() if self.policy.adaptive else None
         if behind is not None:  # what a draft's catch-up would cost: only the adaptive policy asks

@@ -20,7 +20,7 @@ class PromptLookupDrafter(Drafter):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self._context: list[list[int]] = []
         self._matches: list[list[int]] = []
-        self._ngrams: list[int] = []  # the n-gram length each row's match was found at this step
+        self._ngrams: list[int] = []  # the n-gram length each row's match was found at this step (0: none)
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None, hidden=None) -> None:
         rows = input_ids.tolist()
@@ -54,8 +54,7 @@ class PromptLookupDrafter(Drafter):
 
     def draft_classes(self) -> list[int | None]:
         """Per row, the class of the n-gram length its match was found at (None where none was found)."""
-        return [match_class(n) if m else None for m, n in zip(self._matches, self._ngrams)] if self._matches \
-            else [None] * len(self._context)
+        return [match_class(n) if n else None for n in self._ngrams]
 
     def propose(self, k: int, sampling, uniforms, num_drafts):
         matches = self._matches or [self._lookup(c, k) for c in self._context]

@@ -168,8 +168,9 @@ class SuffixDrafter(Drafter):
 
     def draft_classes(self) -> list[int | None]:
         """Per row, the class of the draft max_drafts found (its match length's), None where it found none."""
-        drafts = self._drafts[1] if self._drafts is not None else [Draft()] * len(self._rows)
-        return [match_class(d.match) if d.tokens else None for d in drafts]
+        if self._drafts is None:
+            return [None] * len(self._rows)
+        return [match_class(d.match) if d.tokens else None for d in self._drafts[1]]
 
     def scores(self, k: int) -> list[float]:
         """Per row, the index's confidence in the draft it found this step (at most k tokens, or the more asked
