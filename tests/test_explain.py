@@ -19,7 +19,7 @@ from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixt
 from test_server_helpers import MODEL, LiveServer, make_generator, metric, metric_values
 
 PROMPT = "def quicksort(arr):"
-LINE = re.compile(r"^(plain decoding on \d+ of \d+ steps|speculating on \d+ of \d+ steps \(mean K [\d.]+\)|"
+LINE = re.compile(r"^(plain decoding on \d+ of \d+ steps( \(\d+ probes?\))?|speculating on \d+ of \d+ steps \(mean K [\d.]+\)|"
                   r"fixed K=\d+ on \d+ steps): draft step [\d.]+ of a target step( \(not yet timed\))?, "
                   r"verifying \d+ tokens [\d.]+ steps( \(not yet timed\))?; at the measured \d+ % acceptance"
                   r"( \(\d+ drafts? so far\))? K=\d+ (gives|would give) [\d.]+×")
