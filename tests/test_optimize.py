@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
+from specdecode.backends.hf import cache_keyword
 from specdecode.models import optimize
 from specdecode.models.optimize import (BF16_NEEDS, PrepackedLinear, bf16_kernels_available, prepack_linear_layers,
                                         quantize_dynamic_int8)
@@ -27,9 +28,9 @@ def tiny_qwen2(tie: bool = False, seed: int = 0) -> Qwen2ForCausalLM:
 
 @torch.inference_mode()
 def logits_with_cache(model, prompt, new):
-    cache = DynamicCache(config=model.config)
-    model(prompt, past_key_values=cache, use_cache=True)
-    return model(new, past_key_values=cache, use_cache=True).logits
+    cache = {cache_keyword(model.forward): DynamicCache(config=model.config)}
+    model(prompt, use_cache=True, **cache)
+    return model(new, use_cache=True, **cache).logits
 
 
 @pytest.mark.parametrize("tie", [False, True])

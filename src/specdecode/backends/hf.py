@@ -25,6 +25,12 @@ from ..vocab import embedding_rows
 from . import register_backend
 
 
+def cache_keyword(method) -> str:
+    """The name under which `method` (a forward or generate) takes its KV cache: transformers 5.x renamed
+    `past_key_values` to `cache` and will remove the old name, but earlier 5.x releases know only the old one."""
+    return "cache" if "cache" in inspect.signature(method).parameters else "past_key_values"
+
+
 class HFBackend:
     def __init__(self, model, vocab_size: int | None = None):
         self.model = model.eval()
@@ -38,6 +44,7 @@ class HFBackend:
         params = inspect.signature(model.forward).parameters
         self._takes_positions = "position_ids" in params
         self._takes_logits_to_keep = "logits_to_keep" in params
+        self._cache_keyword = cache_keyword(model.forward)
         layer_types = getattr(config, "layer_types", None) or []
         self._sliding = "sliding_attention" in layer_types or (
             not layer_types and getattr(config, "sliding_window", None) is not None
@@ -74,7 +81,7 @@ class HFBackend:
                                                                      device=self.device)
             new = valid if valid is not None else torch.ones(batch, n, dtype=torch.bool, device=self.device)
             self.mask = torch.cat([old, new.bool()], dim=1)
-        kwargs = {"input_ids": input_ids, "past_key_values": self.cache, "use_cache": True}
+        kwargs = {"input_ids": input_ids, self._cache_keyword: self.cache, "use_cache": True}
         if self.mask is not None:
             kwargs["attention_mask"] = self.mask.long()
         if self._takes_positions:
@@ -132,7 +139,7 @@ class HFBackend:
         dtype = next(self.model.parameters()).dtype
         bias = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed,
                                                                                          torch.finfo(dtype).min)
-        kwargs = {"input_ids": input_ids, "past_key_values": self.cache, "use_cache": True,
+        kwargs = {"input_ids": input_ids, self._cache_keyword: self.cache, "use_cache": True,
                   "attention_mask": bias.unsqueeze(1)}
         if self._takes_positions:
             kwargs["position_ids"] = past + depth

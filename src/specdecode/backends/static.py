@@ -29,7 +29,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..vocab import embedding_rows
 from . import register_backend
-from .hf import _eos_ids
+from .hf import _eos_ids, cache_keyword
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
 SUPPORTED_ATTENTION = ("sdpa", "eager")
@@ -74,6 +74,7 @@ class StaticBackend:
         self.name = getattr(config, "_name_or_path", "") or type(model).__name__
         self._decoder = model.get_decoder()
         self._head = model.get_output_embeddings()
+        self._cache_keyword = cache_keyword(self._decoder.forward)
         self._dtype = model.dtype  # the activations' (and so K/V's) dtype, also for quantized weights
         self._additive_mask = config._attn_implementation == "eager"  # eager adds the mask to the scores
         self._capacity = max_len + SPARE_SLOTS
@@ -211,8 +212,8 @@ class StaticBackend:
             mask = torch.zeros(mask.shape, dtype=self._dtype, device=mask.device).masked_fill(
                 ~mask, torch.finfo(self._dtype).min)
         cache.slots, cache.span = slots, span
-        hidden = self._decoder(input_ids=input_ids, attention_mask=mask, position_ids=slots, past_key_values=cache,
-                               use_cache=True).last_hidden_state
+        hidden = self._decoder(input_ids=input_ids, attention_mask=mask, position_ids=slots, use_cache=True,
+                               **{self._cache_keyword: cache}).last_hidden_state
         picked = hidden
         if last_only:  # each row's last real token
             last = (real * torch.arange(1, n + 1, device=real.device)).argmax(dim=1)
