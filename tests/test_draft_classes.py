@@ -112,7 +112,7 @@ class ClassDriven(AdaptivePolicy):
     """K from this step's draft classes alone (the longest match's class + 1): K changes with the context at every
     step, which the exactness test needs and which timings on a tiny model would not reliably give."""
 
-    adaptive = False  # unseeded rows are not coupled either way
+    adaptive = False  # seeded rows are then not coupled: they take the rejection sampler, as with a fixed K
 
     def choose(self, rows, caps):
         top = self._remember(rows, caps)
@@ -131,8 +131,8 @@ def test_sampled_output_with_a_k_that_follows_the_classes_is_the_targets(method)
         drafter.history.add(PROMPT + tokens)
     gen = SpeculativeGenerator(model, drafter, method=method)
     session = gen.session(policy=ClassDriven(8))
-    for _ in range(4000):
-        session.add(gen.request(PROMPT, 4, temperature=0.8, ignore_eos=True))
+    for i in range(4000):  # seeded (each row its own stream): the chi-square below is then not a fresh draw per run
+        session.add(gen.request(PROMPT, 4, temperature=0.8, seed=i, ignore_eos=True))
     while not session.idle:
         session.step()
     result = session.result()

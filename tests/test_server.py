@@ -572,8 +572,10 @@ def test_disconnect_mid_stream_frees_the_slot(tiny_pair, tokenizer, engine):
 def test_disconnect_while_queued(tiny_pair, tokenizer):
     # One request occupies the engine; a second waits in the queue and its client gives up: it leaves the queue.
     with serve_slow(tiny_pair, tokenizer, delay=0.02, max_batch_size=1, max_tokens_limit=200) as srv:
+        # 200 tokens (>= 40 steps of >= 20 ms): the engine stays busy well past the second client's 0.5 s (with 100,
+        # a sampled run of 28 steps left only ~0.2 s to spare once the first was seen running)
         first = threading.Thread(target=lambda: httpx.post(f"{srv.url}/v1/completions", timeout=60,
-                                                           json={"prompt": "a", "max_tokens": 100}))
+                                                           json={"prompt": "a", "max_tokens": 200}))
         first.start()
         assert wait_until(lambda: metric(metric_values(srv.url), "specdecode_running_requests") == 1, 10)
         with pytest.raises(httpx.ReadTimeout):
