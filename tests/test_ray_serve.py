@@ -92,6 +92,18 @@ async def _post_all(url: str, bodies: list[dict], retries: int = 0) -> list[tupl
         return await asyncio.gather(*(one(b) for b in bodies))
 
 
+async def _busy_replica(replicas, at_least: int = 2, within: float = 20.0):
+    """The first replica seen with requests in flight (Ray Serve's replica actor counts them): a kill after a fixed
+    sleep once hit a replica that had none yet, and then no request needed a retry."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        for replica in replicas:
+            if await replica.get_num_ongoing_requests.remote() >= at_least:
+                return replica
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no replica had {at_least} requests in flight within {within} s")
+
+
 def test_two_replicas_serve_exactly_and_survive_a_killed_replica(ray_url, tiny_model_dirs, tiny_pair, tokenizer):
     import ray
 
@@ -119,11 +131,11 @@ def test_two_replicas_serve_exactly_and_survive_a_killed_replica(ray_url, tiny_m
 
     async def load_and_kill():
         task = asyncio.create_task(_post_all(ray_url, [b for b, _ in long_specs], retries=8))
-        await asyncio.sleep(0.3)  # each replica is busy with ~30 requests for seconds
-        replicas = [a for a in ray.util.list_named_actors(all_namespaces=True)
-                    if a["name"].startswith("SERVE_REPLICA::")]
+        replicas = [ray.get_actor(a["name"], namespace=a["namespace"])
+                    for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("SERVE_REPLICA::")]
         assert len(replicas) == 2
-        ray.kill(ray.get_actor(replicas[0]["name"], namespace=replicas[0]["namespace"]), no_restart=True)
+        victim = await _busy_replica(replicas)
+        ray.kill(victim, no_restart=True)
         return await asyncio.wait_for(task, 110)
 
     results = asyncio.run(load_and_kill())
