@@ -25,10 +25,17 @@ from ..vocab import embedding_rows
 from . import register_backend
 
 
-def cache_keyword(method) -> str:
-    """The name under which `method` (a forward or generate) takes its KV cache: transformers 5.x renamed
+def cache_keyword(forward) -> str:
+    """The name under which a model's `forward` (and its `generate`) takes the KV cache: transformers 5.x renamed
     `past_key_values` to `cache` and will remove the old name, but earlier 5.x releases know only the old one."""
-    return "cache" if "cache" in inspect.signature(method).parameters else "past_key_values"
+    params = inspect.signature(forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    # A wrapper that hides the signature (*args, **kwargs): the name this release gives its own models.
+    from transformers import LlamaForCausalLM
+
+    return "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
 
 
 class HFBackend:

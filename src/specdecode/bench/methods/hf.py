@@ -114,7 +114,7 @@ def run_hf(model, tokenizer, batches: list[list[list[int]]], max_new_tokens: int
     for i, rows in enumerate(batches):
         input_ids, attention_mask = _left_padded(rows, config.pad_token_id, device)
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "generation_config": config,
-                  cache_keyword(model.generate): DynamicCache(config=text_config)}
+                  cache_keyword(model.forward): DynamicCache(config=text_config)}
         ctx = contextlib.ExitStack()
         if prompt_lookup is not None:
             kwargs["prompt_lookup_num_tokens"] = prompt_lookup
