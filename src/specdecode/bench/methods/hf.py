@@ -109,12 +109,13 @@ def run_hf(model, tokenizer, batches: list[list[list[int]]], max_new_tokens: int
     device = next(model.parameters()).device
     config = generation_config(model, tokenizer, max_new_tokens, temperature, top_k, top_p)
     text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cache_name = cache_keyword(model.forward)
     per_tokens, per_seconds = [], []
     target_calls, draft_calls = [0], [0]
     for i, rows in enumerate(batches):
         input_ids, attention_mask = _left_padded(rows, config.pad_token_id, device)
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "generation_config": config,
-                  cache_keyword(model.forward): DynamicCache(config=text_config)}
+                  cache_name: DynamicCache(config=text_config)}
         ctx = contextlib.ExitStack()
         if prompt_lookup is not None:
             kwargs["prompt_lookup_num_tokens"] = prompt_lookup
