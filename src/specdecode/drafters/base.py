@@ -86,6 +86,11 @@ class Drafter:
         """Keep only these rows of the batch."""
         raise NotImplementedError
 
+    def discard(self) -> None:
+        """Drop every row and keep nothing of them (after a failed step, whose forward may have left the cache half
+        written: nothing of it may be parked for later prompts)."""
+        self.select_rows([])
+
     def fork(self, batch_size: int) -> "Drafter":
         """An empty drafter on the same model for new rows (continuous batching: prefilled, then merged)."""
         raise NotImplementedError
@@ -117,6 +122,11 @@ class Drafter:
         """Whether this step's proposal may be a token tree (the target can verify one and no row is
         constrained); a drafter that only proposes chains ignores it."""
 
+    def own_k(self, ks: list[int]) -> None:
+        """Before max_drafts: each row's own K this step (its fixed K, else the policy's largest). A drafter whose
+        drafts depend on K (the suffix drafter's choice of source) drafts each row at its own K, never at the
+        batch's widest, so that a row's drafts, and so its seeded text, never depend on the other rows."""
+
     def limit_catch_up(self) -> None:
         """Bound the backlog a probe feeds to catch_up_window tokens per row (only q changes: still exact)."""
 
@@ -146,6 +156,10 @@ class LegacyDrafter(Drafter):
 
     def max_drafts(self, k):
         return self.inner.max_drafts(k)
+
+    def own_k(self, ks):
+        if hasattr(self.inner, "own_k"):
+            self.inner.own_k(ks)
 
     def propose(self, k, sampling, uniforms, num_drafts):
         out = self.inner.propose(k, sampling, uniforms, num_drafts)

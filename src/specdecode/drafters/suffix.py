@@ -9,7 +9,8 @@ the same tool output, boilerplate shared across users. `suffix_index.py` has the
 Each row has its own index (prompt + emitted tokens); a `SuffixHistory` holds finished rows' prompts and outputs,
 per key, least recently used first out, at most max_tokens. A row joins the history when it leaves the batch
 (select_rows: the session drops finished rows), so the next request of the same text drafts its whole answer.
-The draft of the row's own context and the history's compete: the higher score (expected accepted tokens) wins.
+The draft of the row's own context and the history's compete: the higher score (expected accepted tokens) wins,
+scored at the row's own K (own_k), never the batch's widest, so a row drafts what it would draft alone.
 
 Keys: a row drafts only from its own key's history and adds to it. `key` is the key of rows that join next;
 `queue_keys` gives the joining rows one each, in the order they are added (the order a session admits them);
@@ -61,6 +62,7 @@ class SuffixDrafter(Drafter):
         self._keys: list = []
         self._pending: deque = deque()  # keys of rows not joined yet: shared with forks, where rows join
         self._drafts: tuple[int, list[Draft]] | None = None  # (k, drafts) that max_drafts found this step
+        self._own_k: list[int] | None = None  # each row's own K this step (own_k), None: the k asked
 
     # ------------------------------------------------------------------ keys
     @property
@@ -74,7 +76,7 @@ class SuffixDrafter(Drafter):
         if len(keys) != len(self._rows):
             raise ValueError(f"need one key per row ({len(self._rows)}), got {len(keys)}")
         self._keys = keys
-        self._drafts = None
+        self._drafts = self._own_k = None
 
     def queue_keys(self, keys) -> None:
         """Keys for the next rows to join, in the order they join; rows past these take `key`."""
@@ -90,7 +92,7 @@ class SuffixDrafter(Drafter):
         self._leave(range(len(self._rows)))
         self._rows = [self._new_row([t for t, v in zip(r, m) if v]) for r, m in zip(rows, masks)]
         self._keys = [self._next_key() for _ in rows]
-        self._drafts = None
+        self._drafts = self._own_k = None
 
     @staticmethod
     def _new_row(tokens: list[int]) -> TokenLog:
@@ -108,7 +110,7 @@ class SuffixDrafter(Drafter):
         self._rows += other._rows
         self._keys += other._keys
         other._rows, other._keys = [], []
-        self._drafts = None
+        self._drafts = self._own_k = None
 
     def select_rows(self, rows: list[int]) -> None:
         """Keep these rows; the others are done (finished or cancelled): their text joins the history."""
@@ -116,7 +118,7 @@ class SuffixDrafter(Drafter):
         self._leave(i for i in range(len(self._rows)) if i not in kept)
         self._rows = [self._rows[r] for r in rows]
         self._keys = [self._keys[r] for r in rows]
-        self._drafts = None
+        self._drafts = self._own_k = None
 
     def _leave(self, indices) -> None:
         for i in indices:
@@ -125,7 +127,7 @@ class SuffixDrafter(Drafter):
     def update(self, emitted: list[list[int]], kept: list[int], hidden=None) -> None:
         for log, tokens in zip(self._rows, emitted):
             log.extend(tokens)
-        self._drafts = None
+        self._drafts = self._own_k = None
 
     # ------------------------------------------------------------------ drafting
     def _draft(self, b: int, k: int) -> Draft:
@@ -149,8 +151,18 @@ class SuffixDrafter(Drafter):
             draft.tree = speculate_tree(draft, k, self.min_prob, self.tree_width)
         return draft
 
+    def own_k(self, ks: list[int]) -> None:
+        """Draft each row at its own K this step: a draft's score, which picks the row's context or the history,
+        depends on K, and at the batch's widest a row could copy what it would not copy alone."""
+        if len(ks) != len(self._rows):
+            raise ValueError(f"need one K per row ({len(self._rows)}), got {len(ks)}")
+        self._own_k, self._drafts = list(ks), None
+
     def _drafts_for(self, k: int) -> list[Draft]:
-        if self._drafts is None or self._drafts[0] < k:
+        if self._own_k is not None:  # rows at their own K (the step's k only pads them)
+            if self._drafts is None:
+                self._drafts = (k, [self._draft(b, n) for b, n in enumerate(self._own_k)])
+        elif self._drafts is None or self._drafts[0] < k:
             self._drafts = (k, [self._draft(b, k) for b in range(len(self._rows))])
         return self._drafts[1]
 

@@ -107,6 +107,10 @@ class SuffixModelDrafter(Drafter):
         self.suffix.select_rows(rows)
         self._copied, self._drafted, self._model_tokens = None, [], None
 
+    def discard(self) -> None:
+        self.model_drafter.discard()
+        self.select_rows([])
+
     def set_prefix_cache(self, max_tokens: int) -> None:
         self.model_drafter.set_prefix_cache(max_tokens)
 
@@ -143,6 +147,9 @@ class SuffixModelDrafter(Drafter):
         lengths, scores = self.suffix.max_drafts(k), self.suffix.scores(k)
         self._copied = [s >= self.min_score for s in scores]
         return [n if c else k for n, c in zip(lengths, self._copied)]
+
+    def own_k(self, ks: list[int]) -> None:
+        self.suffix.own_k(ks)
 
     def draft_classes(self) -> list[int | None]:
         """The suffix index's classes for the rows that copy; None for the rows the model drafts."""
