@@ -73,6 +73,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
     metrics.running_rows.set_function(lambda: batcher.running_rows)
     metrics.watch_policy(lambda: getattr(generator, "policy", None))  # every session uses the generator's policy
     metrics.watch_prefix_cache(lambda: generator.prefix_cache)
+    metrics.watch_memory(lambda: getattr(generator, "drafter", None))
     runner = JobRunner(batcher, metrics, settings)
     token_texts = TokenTexts(tokenizer)
 
