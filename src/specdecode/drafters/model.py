@@ -9,6 +9,7 @@ import torch
 from ..backends.base import ModelBackend, caches_prefixes, pad
 from ..prefix_cache import PrefixCache
 from ..sampling import BatchSampling, sample_with_uniforms
+from ..token_tree import padded
 from .base import Drafter, Proposal
 
 
@@ -167,7 +168,7 @@ class ModelDrafter(Drafter):
             nodes = mine + others
             pad_to = chain.shape[1] + siblings
             rows.append(nodes + [nodes[-1] if nodes else 0] * (pad_to - len(nodes)))
-            parents.append(list(range(-1, len(mine) - 1)) + [-1] * (pad_to - len(mine)))
+            parents.append(padded(list(range(-1, len(mine) - 1)) + [-1] * len(others), pad_to))
             self._chain.append(mine)
         return Proposal(torch.tensor(rows, dtype=torch.long), None, self.catch_up_s,
                         self.catch_up_tokens if self.catch_up_s else 0, clean=clean, parents=parents)

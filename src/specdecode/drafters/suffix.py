@@ -30,6 +30,7 @@ from collections import deque
 import torch
 
 from .base import Drafter, Proposal, match_class
+from ..token_tree import padded
 from .suffix_index import MAX_MATCH, Draft, SuffixHistory, TokenLog, speculate, speculate_tree
 
 __all__ = ["SuffixDrafter", "SuffixHistory"]
@@ -192,7 +193,7 @@ class SuffixDrafter(Drafter):
     def propose(self, k: int, sampling, uniforms, num_drafts):
         if self._trees:  # the first n nodes of a best-first tree are the best tree of n nodes
             trees = [d.tree for d in self._drafts_for(k)]
-            rows = [(t[:n] + log.tail(1) * (k - len(t[:n])), p[:n] + [-1] * (k - len(p[:n])))
+            rows = [(t[:n] + log.tail(1) * (k - len(t[:n])), padded(p[:n], k))
                     for (t, p, _), n, log in zip(trees, num_drafts, self._rows)]
             return Proposal(torch.tensor([r for r, _ in rows], dtype=torch.long).reshape(len(rows), k),
                             parents=[p for _, p in rows])
