@@ -26,6 +26,8 @@ Sections, each a subprocess of its own with a time budget, so that a crash or a 
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
 import json
 import os
 import platform
@@ -38,6 +40,7 @@ import tempfile
 import time
 import traceback
 import xml.etree.ElementTree as ET
+import zipfile
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -75,7 +78,9 @@ wrapt xarray xxhash yarl zipp""".split())
 EXTRA_REQUIREMENTS = ("llama-cpp-python",)
 PORTABLE_LLAMA_CMAKE = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
                         "-DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF "
-                        "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_AVX_VNNI=OFF")
+                        "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_AVX_VNNI=OFF "
+                        # what the binding loads only, as CI builds it (.ci/run): no multimodal or common library
+                        f"-DLLAVA_BUILD=OFF -DCMAKE_PROJECT_INCLUDE={REPO / 'deploy' / 'llama-cpp-lean.cmake'}")
 DEFAULT_PAIR_RESULT = REPO / "docs" / "results" / "llamacpp-code.json"
 
 
@@ -216,11 +221,28 @@ def build_portable_llama(folder: Path, version: str) -> Path:
         env = dict(os.environ, CMAKE_ARGS=PORTABLE_LLAMA_CMAKE, FORCE_CMAKE="1", CMAKE_BUILD_PARALLEL_LEVEL="2")
         subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-binary=llama-cpp-python",
                         "--no-cache-dir", "-w", build, f"llama-cpp-python=={version}"], check=True, env=env)
-        built = next(Path(build).glob("llama_cpp_python-*.whl"))
-        subprocess.run([sys.executable, "-m", "wheel", "tags", "--python-tag", "py3", "--abi-tag", "none",
-                        "--remove", str(built)], check=True)
-        wheel = next(Path(build).glob("llama_cpp_python-*.whl"))
-        return Path(shutil.move(str(wheel), str(folder / wheel.name)))
+        built = retag_py3_none(next(Path(build).glob("llama_cpp_python-*.whl")))
+        return Path(shutil.move(str(built), str(folder / built.name)))
+
+
+def retag_py3_none(path: Path) -> Path:
+    """The wheel renamed and re-tagged py3-none-PLATFORM (its WHEEL file's Tag lines and RECORD hash rewritten),
+    for a package whose Python code works on any CPython 3 (llama-cpp-python loads its library with ctypes)."""
+    name, version, _python, _abi, plat = path.name[: -len(".whl")].split("-")
+    new = path.with_name(f"{name}-{version}-py3-none-{plat}.whl")
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(new, "w", zipfile.ZIP_DEFLATED) as dst:
+        record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
+        wheel_name = record_name[: -len("RECORD")] + "WHEEL"
+        tags = [line for line in src.read(wheel_name).decode().splitlines() if not line.startswith("Tag:")]
+        wheel = ("\n".join(tags + [f"Tag: py3-none-{plat}"]) + "\n").encode()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(wheel).digest()).rstrip(b"=").decode()
+        record = [f"{wheel_name},sha256={digest},{len(wheel)}" if line.startswith(wheel_name + ",") else line
+                  for line in src.read(record_name).decode().splitlines()]
+        for item in src.infolist():
+            data = {wheel_name: wheel, record_name: ("\n".join(record) + "\n").encode()}.get(item.filename)
+            dst.writestr(item, data if data is not None else src.read(item))
+    path.unlink()
+    return new
 
 
 # ---------------------------------------------------------------------------------------------- helpers
