@@ -384,6 +384,8 @@ class DecodingSession:
         mine = [i for i, r in enumerate(self.active) if r.fixed_k is None and not forced[i]]
         if not mine or max((widths[i] for i in mine), default=0) < k:
             return
+        if getattr(self.policy, "settled", False) and not any(r.fixed_k for r in self.active):
+            return [0] * len(self.active)  # no draft can pay here (policy.py, Settling): the drafter is not asked
         self.policy.note_drafting(free)
         self.policy.observe([self.active[i].policy_state for i in mine], k, [accepted[i] for i in mine],
                             len(self.active), draft_s, verify_s, [widths[i] for i in mine])

@@ -21,7 +21,7 @@ from .bench_output import float_list, fmt, int_list, load_prompt_set, quiet, rat
 from .bench_serve_cmd import bench_serve
 from .bench_soak_cmd import bench_soak
 from .common import CLIError, backend_name, err, load_pair, out, progress_bar, user_errors
-from .options import ModelOptions, model_options
+from .options import AUTO_DRAFT, ModelOptions, model_options
 
 bench_app = typer.Typer()  # its help is the docstring of bench() below
 app.add_typer(bench_app, name="bench")
@@ -33,7 +33,7 @@ from . import bench_eval_cmd, bench_verify_cmd  # noqa: E402,F401  (they registe
 
 
 @bench_app.callback(invoke_without_command=True)
-@model_options(k_default="auto", k_list=True)
+@model_options(k_default="auto", k_list=True, draft_default=AUTO_DRAFT)
 def bench(
     ctx: typer.Context,
     prompts: str = typer.Option("code", "--prompts", help="Prompt set: code, prose, edit, json (built in; json: "

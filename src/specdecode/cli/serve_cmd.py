@@ -9,11 +9,11 @@ import typer
 
 from .app import app
 from .common import CLIError, load_pair, make_generator, user_errors
-from .options import AUTO, ModelOptions, model_options
+from .options import AUTO, AUTO_DRAFT, ModelOptions, model_options
 
 
 @app.command("serve")
-@model_options(k_default=AUTO)
+@model_options(k_default=AUTO, draft_default=AUTO_DRAFT)
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind. The default answers only this "
                              "machine; binding another address without --api-key exposes the model to the network."),
@@ -80,6 +80,8 @@ def serve(
             _serve_with_ray(opts, settings, host, port, ray_address, ray_num_cpus, replicas, autoscale)
             return
         target_model, draft_model = load_pair(opts, announce=True, rows=settings.model_rows)
+        if opts.draft_choice is not None:  # --draft auto: the draft it chose is the one the server names
+            settings.draft_name = _display_name(opts.draft)
         if target_model.tokenizer is None:
             raise CLIError(f"{opts.target} has no tokenizer: the server takes text and returns text")
         generator = make_generator(target_model, draft_model, opts.num_speculative_tokens, opts.method)

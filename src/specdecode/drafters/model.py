@@ -179,8 +179,9 @@ class ModelDrafter(Drafter):
             for h, e in zip(self._history, emitted):
                 if h is not None:
                     h.extend(e)
-        if k == 0:  # nothing was fed: the new tokens just queue up
-            self._pending = [p + e for p, e in zip(self._pending, emitted)]
+        if k == 0:  # nothing was fed: the new tokens just queue up (in place: a plain step costs O(new tokens))
+            for pending, new in zip(self._pending, emitted):
+                pending.extend(new)
             return
         # The cache saw the pending tokens and its drafts[:k-1]; keep what was accepted of those (after a tree, the
         # chain's tokens that were kept: a path through a sibling kept none of them).
