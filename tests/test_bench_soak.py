@@ -38,9 +38,36 @@ def test_soak_on_the_tiny_models_finds_nothing_broken(tiny_pair, tokenizer, tmp_
             assert set(row["status"]) == {"200"}, (name, row)
     assert report["replays"]["checked"] >= 4 and report["replays"]["equal"] == report["replays"]["checked"]
     memory = report["memory"]
-    assert memory["flat"] and memory["cache_within_bound"] and 0 < memory["cache_max_tokens"] <= 2048
+    assert memory["flat"] and memory["drained"] and memory["cache_within_bound"]
+    assert 0 < memory["cache_max_tokens"] <= 2048
     assert memory["samples"] >= 10 and plot_path.stat().st_size > 0
     print("\n" + result.output)
+
+
+def test_soak_on_llama_cpp_with_a_suffix_draft_finds_nothing_broken(smol_path):
+    """The llama.cpp backend (SmolLM2-135M, a suffix draft whose history is bounded), 15 s of the same load."""
+    from specdecode.bench.soak import bench_soak
+    from specdecode.pair import ModelOptions, load_pair, make_generator
+    from specdecode.server import ServerSettings, create_app
+    from test_server_helpers import LiveServer
+
+    settings = ServerSettings(max_batch_size=4, max_tokens_limit=32, request_timeout=60, prefix_cache_rows=2)
+    # K auto (the server's default): a seeded row is then a function of its seed alone, whatever drafted beside it
+    # (with a fixed K the rejection sampler's draws follow the drafts, and the suffix history changes them)
+    opts = ModelOptions(target=str(smol_path), draft="suffix", k="auto", threads=1, suffix_history_tokens=600)
+    target, draft = load_pair(opts, rows=settings.model_rows)
+    generator = make_generator(target, draft, opts.num_speculative_tokens, opts.method)
+    with LiveServer(create_app(generator, "smol", target.tokenizer, settings)).start() as server:
+        report = bench_soak(SoakSettings(url=server.url, duration_s=15, concurrency=4, max_tokens=8,
+                                         scrape_every_s=0.5, replays=4))
+    bad = {name: row["examples"] for name, row in report["classes"].items() if row["violations"]}
+    assert report["server_errors"] == 0 and not bad, bad
+    assert report["replays"]["checked"] >= 2 and report["replays"]["equal"] == report["replays"]["checked"], \
+        report["replays"]
+    memory = report["memory"]
+    assert memory["drained"] and memory["history_within_bound"] and memory["cache_within_bound"]
+    assert memory["history_max_tokens"] == 600 and memory["history_tokens_max"] > 0
+    assert memory["flat"], memory
 
 
 def test_memory_summary_flags_growth_and_a_cache_past_its_bound():

@@ -11,7 +11,8 @@ After the load, each greedy and seeded request kept aside (`replays` of them) is
 equal the one it got under load (nothing lost or cross-wired between requests). The report holds per class the
 status codes, p50/p99 latency and the violations (a 5xx; a bad request answered anything but a 4xx with an error
 message; a good one not answered 200 with the expected shape), the memory over time, and `ok`: no violation, no
-replay mismatch, memory flat after warm-up and the caches within their bounds. Requests go to the URL given only.
+replay mismatch, memory flat after warm-up, the caches within their bounds, and no request left in the server
+(running or queued) once the load is over. Requests go to the URL given only.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ BAD_INPUT = {"malformed", "too_long", "unknown_model"}  # must be answered 4xx w
 NO_ANSWER = {"drop_stream", "cancel", "client_timeout"}  # the client goes away: no status to judge
 WARMUP_FRACTION = 0.25  # memory is judged flat against its level at the end of the first quarter of the run
 RSS_GROWTH_LIMIT = 0.10  # flat: the RSS after warm-up stays within 10% of the warm level
+DRAIN_S = 15.0  # after the load, the server must hold no request within this long (nothing left behind)
 WORDS = ("def", "sort", "list", "value", "return", "class", "import", "print", "data", "loop", "index", "key")
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "count": {"type": "integer"}}, "required": ["name", "count"]}
@@ -101,7 +103,7 @@ def _body(cls: str, index: int, rng: random.Random, s: SoakSettings, server: Ser
         return "/v1/chat/completions", {**base, "messages": chat, "temperature": 0, "stream": True,
                                         "stream_options": {"include_usage": True}}
     if cls == "json_schema":
-        return "/v1/chat/completions", {**base, "messages": chat, "temperature": 0, "max_tokens": 48,
+        return "/v1/chat/completions", {**base, "messages": chat, "temperature": 0, "max_tokens": s.max_tokens,
                                         "response_format": {"type": "json_schema",
                                                             "json_schema": {"name": "thing", "schema": SCHEMA}}}
     if cls == "tools":
@@ -133,7 +135,12 @@ MALFORMED = [b"{not json", b"", b"[1, 2, 3]", b'{"prompt": 3}', b'{"messages": "
              b'{"messages": [{"role": "wizard", "content": "x"}]}', b'{"prompt": "\\ud800"}',
              b'{"prompt": "a", "logprobs": 99}', b'{"messages": [{"role": "user"}], "tools": 5}',
              b'{"prompt": "a", "response_format": {"type": "json_schema", "json_schema": {"schema": 7}}}',
-             '{"prompt": "caf\u00e9", "stop": ["", ""]}'.encode()]
+             '{"prompt": "caf\u00e9", "stop": ["", ""]}'.encode(), b'{"prompt": [1000000000, 5]}', b'{"prompt": [-1]}',
+             b'{"prompt": "a", "n": 100000}', b'{"prompt": "a", "seed": 1180591620717411303424}',
+             b'{"prompt": ["", "a"]}', b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}',
+             b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}',
+             b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", '
+             b'"json_schema": {"name": "a", "schema": {"type": "string", "pattern": "(a"}}}}']
 
 
 async def _send(http: httpx.AsyncClient, cls: str, index: int, path: str, body, s: SoakSettings) -> Outcome:
@@ -261,6 +268,24 @@ async def _watch(http: httpx.AsyncClient, server: Server, t0: float, every: floa
             continue
 
 
+async def _drain(http: httpx.AsyncClient, server: Server, t0: float, within_s: float = DRAIN_S) -> None:
+    """Scrape until the server holds no request (the cancelled and timed-out ones freed too), at most within_s:
+    the last sample tells whether anything was left behind."""
+    deadline = time.perf_counter() + within_s
+    while True:
+        try:
+            r = await http.get("/metrics", timeout=10)
+            if r.status_code == 200:
+                server.samples.append({"t_s": time.perf_counter() - t0, **_scrape(r.text)})
+                if not server.samples[-1].get("running") and not server.samples[-1].get("queued"):
+                    return
+        except httpx.HTTPError:
+            pass
+        if time.perf_counter() > deadline:
+            return
+        await asyncio.sleep(0.25)
+
+
 async def _describe(http: httpx.AsyncClient, s: SoakSettings) -> Server:
     r = await http.get("/v1/models")
     r.raise_for_status()
@@ -290,9 +315,9 @@ async def run_soak(s: SoakSettings) -> tuple[list[Outcome], list[dict], Server, 
 
         await asyncio.gather(*(client(c) for c in range(s.concurrency)))
         wall = time.perf_counter() - t0
-        await asyncio.sleep(min(2.0, s.scrape_every_s))  # the last scrape sees the server after the load
         stop.set()
         await watcher
+        await _drain(http, server, t0)
         replays = await _replay(http, outcomes, s.replays)
         return outcomes, replays, server, wall
 
@@ -310,7 +335,7 @@ async def _replay(http: httpx.AsyncClient, outcomes: list[Outcome], count: int) 
             choice = r.json()["choices"][0]
             again = choice.get("text") if "text" in choice else choice["message"].get("content")
         results.append({"class": o.cls, "index": o.index, "status": r.status_code,
-                        "equal": again == o.replay["answer"]})
+                        "equal": again == o.replay["answer"], "under_load": o.replay["answer"], "alone": again})
     return results
 
 
@@ -322,12 +347,12 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 def memory_summary(samples: list[dict], duration_s: float) -> dict:
-    """RSS at the end of warm-up against its most after it, and the caches' largest size against their bounds."""
+    """RSS's peak during warm-up against its peak after it, and the caches' largest size against their bounds."""
     warm = [x for x in samples if x["t_s"] <= WARMUP_FRACTION * duration_s and "rss_bytes" in x]
     after = [x for x in samples if x["t_s"] > WARMUP_FRACTION * duration_s and "rss_bytes" in x]
     summary: dict = {"samples": len(samples)}
     if warm and after:
-        level = warm[-1]["rss_bytes"]
+        level = max(x["rss_bytes"] for x in warm)  # the warm level: what warm-up reached
         peak = max(x["rss_bytes"] for x in after)
         summary.update(rss_warm_mib=level / 2**20, rss_peak_after_warmup_mib=peak / 2**20,
                        rss_last_mib=after[-1]["rss_bytes"] / 2**20, rss_growth=(peak - level) / level)
@@ -339,6 +364,8 @@ def memory_summary(samples: list[dict], duration_s: float) -> dict:
         summary[f"{name}_within_bound"] = not bound or max(held, default=0) <= bound
     growth = summary.get("rss_growth")
     summary["flat"] = growth is not None and growth <= RSS_GROWTH_LIMIT
+    last = samples[-1] if samples else {}
+    summary["drained"] = bool(samples) and not last.get("running") and not last.get("queued")
     return summary
 
 
@@ -358,8 +385,8 @@ def summarize_soak(outcomes: list[Outcome], replays: list[dict], server: Server,
     server_errors = sum(1 for o in outcomes if o.status is not None and o.status >= 500)
     violations = sum(c["violations"] for c in per_class.values())
     mismatched = [r for r in replays if not r["equal"]]
-    ok = (violations == 0 and not mismatched and memory["flat"] and memory["cache_within_bound"]
-          and memory["history_within_bound"])
+    ok = (violations == 0 and not mismatched and memory["flat"] and memory["drained"]
+          and memory["cache_within_bound"] and memory["history_within_bound"])
     config = {k: v for k, v in asdict(s).items() if k != "api_key"}
     return {"config": config, "model": server.model, "context_length": server.context_length, "wall_s": wall_s,
             "requests": len(outcomes), "server_errors": server_errors, "violations": violations,

@@ -77,5 +77,6 @@ def _print(report: dict) -> None:
                   f" MiB after ({memory['rss_growth']:+.1%}); prefix cache at most {memory['cache_tokens_max']:.0f} "
                   f"of {memory['cache_max_tokens']:.0f} tokens; suffix history at most "
                   f"{memory['history_tokens_max']:.0f} of {memory['history_max_tokens']:.0f}")
-    out.print(f"replayed alone: {replays['equal']}/{replays['checked']} equal; verdict: "
+    out.print(f"left in the server after the load: {'nothing' if memory['drained'] else 'requests (see memory)'}; "
+              f"replayed alone: {replays['equal']}/{replays['checked']} equal; verdict: "
               f"{'ok' if report['ok'] else 'FAILED'}")
