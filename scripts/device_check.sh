@@ -2,8 +2,8 @@
 # The device check (docs/BENCHMARKS.md, "GPU and many-core"): what a lent GPU machine (one H100, 16 CPU cores, no
 # registry) measures in under 8 minutes, into one JSON and one markdown table.
 #
-#   scripts/device_check.sh [OUT_DIR]          on the lent machine: install, then measure (OUT_DIR: $OUT, else
-#                                              ./device-check)
+#   scripts/device_check.sh [OUT_DIR [ARGS]]   on the lent machine: install, then measure (OUT_DIR: $OUT, else
+#                                              ./device-check; ARGS go to the module, e.g. --sections costs)
 #   scripts/device_check.sh --dry-run [DIR]    every step on this CPU with tiny shapes (under 2 minutes; CI runs it
 #                                              through tests/test_device_check.py)
 #   scripts/device_check.sh --prepare          here, before the run: the wheels the machine lacks, and a portable
@@ -43,4 +43,4 @@ fi
 "$py" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --target "$site" . \
   || echo "[device check] pip install of the project failed: running it from src/" >&2
 export PYTHONPATH=$site:$repo/src${PYTHONPATH:+:$PYTHONPATH}
-"$py" -m specdecode.bench.device_check --out "$out" 2>&1 | tee "$out/device_check.log"
+"$py" -m specdecode.bench.device_check --out "$out" "${@:2}" 2>&1 | tee "$out/device_check.log"

@@ -142,3 +142,26 @@ def test_replay_errors_are_a_function_of_the_position_at_the_given_rate():
     tokens = [drafter.draft_token(0, j) for j in range(4000)]
     assert tokens == [drafter.draft_token(0, j) for j in range(4000)]
     assert 0.77 < sum(t == 4 for t in tokens) / len(tokens) < 0.83
+
+
+def test_a_wheel_retagged_for_any_cpython_keeps_a_valid_record(tmp_path):
+    import base64
+    import hashlib
+    import zipfile
+
+    path = tmp_path / "llama_cpp_python-0.3.36-cp311-cp311-linux_x86_64.whl"
+    with zipfile.ZipFile(path, "w") as whl:
+        whl.writestr("llama_cpp/__init__.py", "x = 1\n")
+        whl.writestr("llama_cpp_python-0.3.36.dist-info/WHEEL", "Wheel-Version: 1.0\nTag: cp311-cp311-linux_x86_64\n")
+        whl.writestr("llama_cpp_python-0.3.36.dist-info/RECORD",
+                     "llama_cpp/__init__.py,sha256=abc,6\nllama_cpp_python-0.3.36.dist-info/WHEEL,sha256=old,40\n"
+                     "llama_cpp_python-0.3.36.dist-info/RECORD,,\n")
+    new = dc.retag_py3_none(path)
+    assert new.name == "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl" and not path.exists()
+    with zipfile.ZipFile(new) as whl:
+        wheel = whl.read("llama_cpp_python-0.3.36.dist-info/WHEEL")
+        assert wheel.decode().splitlines()[-1] == "Tag: py3-none-linux_x86_64" and b"cp311" not in wheel
+        digest = base64.urlsafe_b64encode(hashlib.sha256(wheel).digest()).rstrip(b"=").decode()
+        record = whl.read("llama_cpp_python-0.3.36.dist-info/RECORD").decode()
+        assert f"llama_cpp_python-0.3.36.dist-info/WHEEL,sha256={digest},{len(wheel)}" in record
+        assert whl.read("llama_cpp/__init__.py") == b"x = 1\n"
