@@ -82,6 +82,8 @@ class DecodingSession:
         self.prefix_cache = None if self.hidden_wanted else gen.prefix_cache
         self.shares_prompts = caches_prefixes(self.target) and not self.hidden_wanted
         self.trees = bool(getattr(self.target, "supports_trees", False)) and not self.hidden_wanted
+        if self.trees and self.drafter is not None:  # a row's tree fits whatever the other rows' trees
+            self.drafter.limit_tree_leaves(getattr(self.target, "tree_leaves", None))
         max_k = self.policy.max_k
         self.stats = Stats(num_speculative_tokens=max_k, accepted_per_position=[0] * max_k,
                            proposed_per_position=[0] * max_k, policy="auto" if self.policy.adaptive else "fixed")

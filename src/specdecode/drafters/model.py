@@ -37,6 +37,7 @@ class ModelDrafter(Drafter):
         if isinstance(tree_width, bool) or not isinstance(tree_width, int) or not 1 <= tree_width <= 16:
             raise ValueError(f"tree_width must be an integer 1..16 (1: chains), got {tree_width!r}")
         self.tree_width = tree_width
+        self.max_leaves = tree_width  # leaves a row's tree may have: the chain and its siblings (limit_tree_leaves)
         self._trees = False
         self._chain: list[list[int]] = []  # the chain of the last tree proposal, per row (what the cache saw)
         self.backend = backend
@@ -100,6 +101,9 @@ class ModelDrafter(Drafter):
     def max_drafts(self, k: int) -> list[int]:
         return [k] * len(self._pending)
 
+    def limit_tree_leaves(self, leaves: int | None) -> None:
+        self.max_leaves = self.tree_width if leaves is None else max(1, min(leaves, self.tree_width))
+
     def use_trees(self, allowed: bool) -> None:
         self._trees = allowed and self.tree_width > 1
 
@@ -131,7 +135,7 @@ class ModelDrafter(Drafter):
         self._fed = [n + len(p) for n, p in zip(self.backend.lengths, self._pending)]
         # Right padding: the new tokens sit right after each row's cached ones (exact for sliding windows too).
         ids, valid = pad(self._pending, self.backend.device, side="right")
-        siblings = min(self.tree_width - 1, k - 1) if self._trees else 0
+        siblings = min(self.tree_width - 1, k - 1, self.max_leaves - 1) if self._trees else 0
         tokens, probs, token, first = [], [], None, None
         sampled = sampling.sampled_index
         for i in range(k - siblings):

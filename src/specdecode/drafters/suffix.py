@@ -59,6 +59,7 @@ class SuffixDrafter(Drafter):
         self.factor, self.offset = max_spec_factor, max_spec_offset
         self.tree_width = tree_width
         self._trees = False  # whether the session can verify trees now (use_trees)
+        self.max_leaves: int | None = None  # leaves a row's tree may have (limit_tree_leaves)
         self._rows: list[TokenLog] = []
         self._keys: list = []
         self._pending: deque = deque()  # keys of rows not joined yet: shared with forks, where rows join
@@ -104,7 +105,7 @@ class SuffixDrafter(Drafter):
     def fork(self, batch_size: int) -> "SuffixDrafter":
         other = SuffixDrafter(self.history, self.key, self.min_prob, self.factor, self.offset, self.max_match,
                               tree_width=self.tree_width)
-        other._pending = self._pending
+        other._pending, other.max_leaves = self._pending, self.max_leaves
         return other
 
     def merge(self, other: "SuffixDrafter") -> None:
@@ -149,7 +150,7 @@ class SuffixDrafter(Drafter):
 
     def _with_tree(self, draft: Draft, k: int) -> Draft:
         if self._trees:
-            draft.tree = speculate_tree(draft, k, self.min_prob, self.tree_width)
+            draft.tree = speculate_tree(draft, k, self.min_prob, self.tree_width, self.max_leaves)
         return draft
 
     def own_k(self, ks: list[int]) -> None:
@@ -166,6 +167,10 @@ class SuffixDrafter(Drafter):
         elif self._drafts is None or self._drafts[0] < k:
             self._drafts = (k, [self._draft(b, k) for b in range(len(self._rows))])
         return self._drafts[1]
+
+    def limit_tree_leaves(self, leaves: int | None) -> None:
+        if leaves != self.max_leaves:
+            self.max_leaves, self._drafts = leaves, None
 
     def use_trees(self, allowed: bool) -> None:
         trees = allowed and self.tree_width > 1
