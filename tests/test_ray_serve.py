@@ -189,7 +189,8 @@ def test_cli_ray_options_are_checked_before_anything_loads():
     runner = CliRunner()
     for args, message in ((["--replicas", "2"], "need --ray"), (["--ray", "--replicas", "2", "--autoscale", "1,2"],
                           "not both"), (["--ray", "--autoscale", "3,1"], "MIN <= MAX"),
-                          (["--ray", "--autoscale", "x"], "two integers")):
+                          (["--ray", "--autoscale", "x"], "two integers"), (["--routing", "load"], "need --ray"),
+                          (["--ray", "--routing", "nearest"], "--routing takes affinity or load")):
         result = runner.invoke(app, ["serve", *args])
         assert result.exit_code != 0 and message in result.output, (args, result.output)
 

@@ -272,15 +272,16 @@ def build_application(config: dict, routing: str = "affinity", **options):
 
 def app_builder(args: dict):
     """`serve run`/`serve deploy` entry point: args are `specdecode serve` option names (underscores), e.g.
-    {"target": "...", "draft": "...", "k": "auto", "max_batch_size": 8, "threads": 1}. Replica counts and
-    autoscaling come from the config file's `deployments` section."""
+    {"target": "...", "draft": "...", "k": "auto", "max_batch_size": 8, "threads": 1}, and "routing" ("affinity",
+    the default, or "load"). Replica counts and autoscaling come from the config file's `deployments` section
+    (deployment "specdecode"; "ingress" is the router's)."""
     from ..pair import ModelOptions
     from .settings import ServerSettings
 
     args = dict(args)
     model_fields = {f.name for f in dataclasses.fields(ModelOptions)}
     setting_fields = {f.name for f in dataclasses.fields(ServerSettings)}
-    unknown = set(args) - model_fields - setting_fields - {"model_name"}
+    unknown = set(args) - model_fields - setting_fields - {"model_name", "routing"}
     if unknown:
         raise ValueError(f"unknown specdecode args: {', '.join(sorted(unknown))}; use `specdecode serve` option "
                          f"names with underscores")
@@ -288,11 +289,13 @@ def app_builder(args: dict):
     opts.num_speculative_tokens  # noqa: B018  (K parsed here, not first in each replica)
     settings = ServerSettings(**{k: v for k, v in args.items() if k in setting_fields})
     name = args.get("model_name") or opts.target
-    return build_application(replica_config(opts, settings, name), **deployment_options(settings=settings))
+    return build_application(replica_config(opts, settings, name), routing=args.get("routing", "affinity"),
+                             **deployment_options(settings=settings))
 
 
 def serve_with_ray(config: dict, options: dict, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                   address: str | None = None, num_cpus: int | None = None, settings=None) -> None:
+                   address: str | None = None, num_cpus: int | None = None, settings=None,
+                   routing: str = "affinity") -> None:
     """Start (or join, with an address) Ray, run the deployment (options: from deployment_options) on host:port,
     and block until Ctrl-C/SIGTERM."""
     import signal
@@ -305,10 +308,10 @@ def serve_with_ray(config: dict, options: dict, *, host: str = "127.0.0.1", port
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False)
     serve.start(http_options=http_options(host, port, settings))
-    serve.run(build_application(config, **options), name="specdecode", route_prefix="/")
+    serve.run(build_application(config, routing=routing, **options), name="specdecode", route_prefix="/")
     scale = options.get("autoscaling_config", {})
     count = options.get("num_replicas") or f"{scale.get('min_replicas')}..{scale.get('max_replicas')}"
-    log.info("serving with Ray Serve (%s replica(s)) at http://%s:%d/v1", count, host, port)
+    log.info("serving with Ray Serve (%s replica(s), routed by %s) at http://%s:%d/v1", count, routing, host, port)
     stopping = []
     previous = signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:
