@@ -128,8 +128,12 @@ class ServerMetrics:
 
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, ... (on Linux)
 
+        def history_of(drafter):  # a suffix draft's, or the suffix half's of suffix+MODEL
+            found = getattr(drafter, "history", None)
+            return found if found is not None else getattr(getattr(drafter, "suffix", None), "history", None)
+
         def history(name):
-            return lambda: getattr(getattr(drafter_of(), "history", None), name, 0) or 0
+            return lambda: getattr(history_of(drafter_of()), name, 0) or 0
 
         for name, attribute, doc in (("tokens", "tokens", "Tokens the suffix draft's history holds."),
                                      ("max_tokens", "max_tokens", "The suffix draft history's bound on tokens."),

@@ -156,7 +156,7 @@ class SpecdecodeIngress:
         from .routing import render_metrics, routing_stats
 
         stats = routing_stats().snapshot()
-        live = sorted({replica for replica, _ in stats["routed"]} | set(stats["in_flight"]))
+        live = stats["live"] or sorted({replica for replica, _ in stats["routed"]})
         texts = {}
         for replica in live:
             try:

@@ -125,6 +125,7 @@ class RoutingStats:
         self.routed: Counter = Counter()  # (replica, by) -> requests
         self.in_flight: Counter = Counter()  # replica -> requests
         self.rerouted = 0  # requests sent again after their replica was lost before answering
+        self.live: tuple = ()  # the replicas the router last saw alive
 
     def routed_to(self, replica: str, by: str) -> None:
         with self._lock:
@@ -141,15 +142,17 @@ class RoutingStats:
             self.rerouted += 1
 
     def forget(self, live: Sequence[str]) -> None:
-        """A lost replica's requests in flight are gone with it."""
+        """The live replicas are these: a lost replica's requests in flight are gone with it."""
         with self._lock:
+            self.live = tuple(live)
             for replica in list(self.in_flight):
                 if replica not in live:
                     del self.in_flight[replica]
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {"routed": dict(self.routed), "in_flight": dict(self.in_flight), "rerouted": self.rerouted}
+            return {"routed": dict(self.routed), "in_flight": dict(self.in_flight), "rerouted": self.rerouted,
+                    "live": self.live}
 
 
 _STATS = RoutingStats()
