@@ -216,7 +216,7 @@ def prepare(folder: Path = WHEELS, build_llama: bool = True) -> dict:
 def build_portable_llama(folder: Path, version: str) -> Path:
     """llama-cpp-python built from source without -march=native (AVX2/FMA/F16C; no AVX-512, no AMX), so it runs on
     any x86-64 machine of the last decade. It loads libllama through ctypes: the Python code is version-free, so the
-    wheel is retagged py3-none and installs on the machine's Python 3.12."""
+    wheel is (or is re-tagged) py3-none and installs on the machine's Python 3.12."""
     with tempfile.TemporaryDirectory() as build:
         env = dict(os.environ, CMAKE_ARGS=PORTABLE_LLAMA_CMAKE, FORCE_CMAKE="1", CMAKE_BUILD_PARALLEL_LEVEL="2")
         subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-binary=llama-cpp-python",
@@ -228,7 +228,9 @@ def build_portable_llama(folder: Path, version: str) -> Path:
 def retag_py3_none(path: Path) -> Path:
     """The wheel renamed and re-tagged py3-none-PLATFORM (its WHEEL file's Tag lines and RECORD hash rewritten),
     for a package whose Python code works on any CPython 3 (llama-cpp-python loads its library with ctypes)."""
-    name, version, _python, _abi, plat = path.name[: -len(".whl")].split("-")
+    name, version, python, abi, plat = path.name[: -len(".whl")].split("-")
+    if (python, abi) == ("py3", "none"):  # llama-cpp-python's own build tags it so
+        return path
     new = path.with_name(f"{name}-{version}-py3-none-{plat}.whl")
     with zipfile.ZipFile(path) as src, zipfile.ZipFile(new, "w", zipfile.ZIP_DEFLATED) as dst:
         record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
