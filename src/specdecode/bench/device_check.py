@@ -275,16 +275,17 @@ def forward_costs(backend, batch: int, context: int, ns, repeats: int, deadline:
     base = backend.lengths
     inputs = {n: torch.randint(0, vocab, (batch, n), generator=gen).to(device) for n in ns}
     times = {n: [] for n in ns}
-    for rep in range(repeats + 1):  # the first round warms up (and lets the static backend capture its graphs)
+    warm = 2  # untimed rounds: the static backend captures a step's CUDA graph the second time it sees its shape
+    for rep in range(repeats + warm):
         for n in ns:
             _sync(device)
             start = time.perf_counter()
             backend.forward(inputs[n])
             _sync(device)
-            if rep:
+            if rep >= warm:
                 times[n].append(time.perf_counter() - start)
             backend.trim(base)
-        if rep >= 2 and deadline.passed():
+        if rep >= warm + 1 and deadline.passed():
             break
     return {n: statistics.median(t) for n, t in times.items() if t}
 
