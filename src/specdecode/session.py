@@ -122,6 +122,15 @@ class DecodingSession:
         self.stats.prompt_tokens += len(request.prompt)
         return index
 
+    def abandon(self) -> None:
+        """After a step that raised: every row leaves, and nothing of the caches is parked (a failed forward may have
+        written some layers and not others). The generator's models are then free for a new session."""
+        self.target.reset(0)
+        if self.drafter is not None:
+            self.drafter.discard()
+        self.active, self._staging = [], None
+        self.waiting.clear()
+
     def cancel(self, index: int) -> None:
         """End a row at the next step boundary (finish_reason "cancelled"), wherever it is."""
         self.cancelled.add(index)

@@ -197,6 +197,11 @@ class ModelDrafter(Drafter):
         self._pending = [e[c:] for e, c in zip(emitted, cached)]
         self._proposed, self._fed = 0, []  # _fed describes one proposal only: rows may join or leave before the next
 
+    def discard(self) -> None:
+        self.backend.reset(0)  # no park(): a failed forward may have written some layers and not others
+        self._pending, self._history, self._fed, self._chain, self._proposed = [], [], [], [], 0
+        self._prompt_lengths = []
+
     def select_rows(self, rows: list[int]) -> None:
         gone = [b for b in range(len(self._pending)) if b not in set(rows)]
         if self.prefix_cache is not None and gone:  # rows that leave park their KV for prompts that start the same

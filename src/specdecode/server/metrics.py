@@ -52,6 +52,10 @@ class ServerMetrics:
                                        f"{TOKENS_PER_S_WINDOW_S:g} s.", registry=r)
         self.cancelled = Counter("specdecode_cancelled_requests", "Generation requests cancelled, by reason.",
                                  ["reason"], registry=r)
+        self.step_failures = Counter("specdecode_engine_step_failures", "Engine steps that raised (their session "
+                                     "was replaced; see specdecode_engine_step_retries).", registry=r)
+        self.step_retries = Counter("specdecode_engine_step_retries", "Generation requests run again from their "
+                                    "start, alone, after a step that decoded them raised.", registry=r)
         self.rejected = Counter("specdecode_rejected_requests", "Generation requests refused, by reason.",
                                 ["reason"], registry=r)
         self.queue_depth = Gauge("specdecode_queue_depth", "Generation requests waiting for the engine.",
