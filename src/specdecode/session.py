@@ -204,7 +204,9 @@ class DecodingSession:
         cache, prompts = self.prefix_cache, [r.request.prompt for r in rows]
         hits = [None] * len(rows)
         if cache is not None:
-            running = [(r.request.prompt + r.tokens, n) for r, n in zip(self.active, self.target.lengths)]
+            # a running row's prompt only: its answer's KV came from decode steps, not a prefill (prefix_cache.py)
+            running = [(r.request.prompt, min(n, len(r.request.prompt)))
+                       for r, n in zip(self.active, self.target.lengths)]
             hits = [cache.lookup(self.target, p, running, self.prefill_tokens_per_step) for p in prompts]
             if not cache.make_room(self.target, len(rows) + len(copies), [h[0] for h in hits if h]):
                 hits = [None] * len(rows)
@@ -270,7 +272,7 @@ class DecodingSession:
             if r.finish_reason is None and i not in keep:
                 r.finish_reason = "cancelled"
         if keep:
-            fork.select_rows(keep)
+            self._park_joined(rows, fork, keep)
             self.target.merge(fork)
             if drafter is not None:
                 drafter.select_rows(keep)
@@ -280,7 +282,21 @@ class DecodingSession:
             self.sampling = self.sampling.extend(sampling.select(keep))
             self.grammars = self.grammars.extend(grammars.select(keep))
             self.active += [rows[i] for i in keep]
+        else:
+            self._park_joined(rows, fork, keep)
         return events
+
+    def _park_joined(self, rows: list[Row], fork, keep: list[int]) -> None:
+        """Rows that finished at their first token leave the fork before it merges; with a prefix cache their
+        prompt's KV is parked, so that the same prompt next does not prefill again."""
+        gone = [i for i in range(len(rows)) if i not in set(keep)]
+        if self.prefix_cache is None or not gone:
+            fork.select_rows(keep)
+            return
+        held = fork.lengths
+        for i, handle in zip(gone, fork.park(gone)):
+            prompt = rows[i].request.prompt
+            self.prefix_cache.insert(prompt[: held[i]], handle, exact=len(prompt))
 
     # ------------------------------------------------------------------ one speculative step
     def _decode_step(self) -> list[TokenEvent]:
@@ -473,8 +489,8 @@ class DecodingSession:
         gone = [i for i in range(len(self.active)) if i not in kept]
         held = self.target.lengths
         for i, handle in zip(gone, self.target.park(gone)):
-            row = self.active[i]
-            self.prefix_cache.insert((row.request.prompt + row.tokens)[: held[i]], handle)
+            prompt = self.active[i].request.prompt
+            self.prefix_cache.insert((prompt + self.active[i].tokens)[: held[i]], handle, exact=len(prompt))
 
     def result(self, indices: list[int] | None = None) -> GenerationResult:
         """The GenerationResult of these rows (all by default), with the session's statistics."""
