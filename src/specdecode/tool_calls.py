@@ -298,7 +298,7 @@ class ToolCallParser:
             else:
                 held = _held(rest, TAIL)
                 piece = rest if final else rest[:len(rest) - held]
-                if final and held and _is_json(rest[:-held]):  # whole arguments, cut in the closing marker
+                if final and held and _is_json(current.arguments + rest[:-held]):  # whole, cut in the closing marker
                     piece, current.complete = rest[:-held], True
                 self._done += len(rest) if current.complete else len(piece)
             if piece:
