@@ -168,6 +168,7 @@ def test_affinity_keeps_one_servers_cache_share_and_a_lost_replica_rehomes(ray_u
     replicas = {dict(labels)["replica"] for labels in routed}
     assert len(replicas) == 2 and sum(routed.values()) == 18
     assert sum(v for labels, v in routed.items() if dict(labels)["by"] == "affinity") >= 12
+    print("routed:", {tuple(dict(k).values()): v for k, v in routed.items()})
     hits = _metric(metrics, "specdecode_prefix_cache_hit_tokens")
     assert {dict(labels)["replica"] for labels in hits} == replicas and sum(hits.values()) > 0
 
