@@ -267,9 +267,10 @@ def test_streamed_calls_assemble_to_the_whole_answer(client):
 
 
 def test_streamed_parallel_calls_assemble_by_index(client):
-    """Several calls in one stream: each delta names its call by index, and the pieces add up to the whole answer."""
-    for seed in range(4):
-        kwargs = dict(tool_choice="required", temperature=1.0, seed=seed, max_tokens=200)
+    """Several calls in one stream: each delta names its call by index, and the pieces add up to the whole answer
+    (and under "auto" a text answer streams as content)."""
+    for choice, seed in [("required", s) for s in range(4)] + [("auto", s) for s in range(2)]:
+        kwargs = dict(tool_choice=choice, temperature=1.0, seed=seed, max_tokens=200 if choice == "required" else 40)
         whole = _ask(client, **kwargs).choices[0]
         calls, content = {}, ""
         for chunk in _ask(client, stream=True, **kwargs):
@@ -286,7 +287,7 @@ def test_streamed_parallel_calls_assemble_by_index(client):
             finish = chunk.choices[0].finish_reason
         assert finish == whole.finish_reason and content == (whole.message.content or "")
         assert [(name, args) for _, name, args in calls.values()] == \
-            [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+            [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or []]
 
 
 def test_greedy_calls_equal_with_speculation_on_and_off(client):
