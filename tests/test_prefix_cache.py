@@ -107,6 +107,43 @@ def test_llamacpp_model_draft_takes_its_prefix_from_its_own_cache(smol_path):
     _assert_same(second, _run(cold, [question], **options))
 
 
+def _spied_draft(smol_path, rows: int, cache: int):
+    """A K = 3 generator whose model draft records the logits of every draft forward (its q, before warping)."""
+    from specdecode.backends.llamacpp import LlamaCppBackend
+    from specdecode.drafters import ModelDrafter
+
+    backend = LlamaCppBackend(smol_path, n_ctx=2048, max_rows=rows, n_threads=1)
+    forward, seen = backend.forward, []
+
+    def spy(ids, valid=None, last_only=False, output_hidden=False):
+        logits = forward(ids, valid, last_only=last_only, output_hidden=output_hidden)
+        seen.append((ids.shape[1], logits[:, -1].clone()))
+        return logits
+
+    backend.forward = spy
+    return _llama(smol_path, rows=rows, cache=cache, draft=ModelDrafter(backend), k=3), seen
+
+
+@pytest.mark.parametrize("case", ["multiple of 64", "answer re-sent"])
+def test_llamacpp_model_draft_gives_the_cold_q_from_its_cache(smol_path, case):
+    """The draft's own cache: a prompt of 128 tokens (a multiple of 64) that a parked prompt holds whole, and a
+    prompt that re-sends an earlier answer (the draft's KV of it came from one-token draft steps: not lent). Every
+    draft forward's logits, and so q and the seeded text, are bit for bit a cold run's."""
+    import torch
+
+    options = dict(temperature=1.0, seed=4)
+    (warm, warm_q), (cold, cold_q) = _spied_draft(smol_path, 2, 100_000), _spied_draft(smol_path, 1, 0)
+    first = _tokens(160 if case == "multiple of 64" else 100, 49000, seed=6)
+    answer = _run(warm, [first], max_new_tokens=50, **options).token_ids[0]
+    prompt = first[:128] if case == "multiple of 64" else first + answer[:40] + _tokens(60, 49000, seed=7)
+    warm_q.clear()
+    got, want = _run(warm, [prompt], max_new_tokens=12, **options), _run(cold, [prompt], max_new_tokens=12, **options)
+    assert warm.drafter.prefix_cache.stats.hit_tokens == 64  # 128 - 64 >= 64 tokens left; the answer not lent
+    assert [n for n, _ in warm_q[1:]] == [n for n, _ in cold_q[1:]]  # after the catch-up, the same forwards
+    assert len(warm_q) == len(cold_q) and all(torch.equal(a, b) for (_, a), (_, b) in zip(warm_q, cold_q))
+    _assert_same(got, want)
+
+
 def test_llamacpp_rows_share_a_running_rows_prefix_and_parked_ones(smol_path):
     system = _tokens(300, 49000, seed=5)
     prompts = [system + _tokens(10 + i, 49000, seed=10 + i) for i in range(3)]
