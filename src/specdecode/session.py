@@ -17,7 +17,7 @@ import torch
 from .backends.base import caches_prefixes, max_rows, pad
 from .constrained import RowGrammars, with_forced
 from .detokenize import IncrementalDetokenizer, find_stop
-from .drafters import Proposal
+from .drafters import ModelDrafter, Proposal
 from .results import GenerationResult, RowStats, Stats, TokenEvent
 from .sampling import BatchSampling, RowGenerators
 from .verification import Verified, token_logprobs, verify_rows, verify_tree_rows
@@ -84,6 +84,8 @@ class DecodingSession:
         self.trees = bool(getattr(self.target, "supports_trees", False)) and not self.hidden_wanted
         if self.trees and self.drafter is not None:  # a row's tree fits whatever the other rows' trees
             self.drafter.limit_tree_leaves(getattr(self.target, "tree_leaves", None))
+        if hasattr(self.policy, "model_drafts"):  # only drafts that all cost a model forward may settle it
+            self.policy.model_drafts = isinstance(self.drafter, ModelDrafter)
         max_k = self.policy.max_k
         self.stats = Stats(num_speculative_tokens=max_k, accepted_per_position=[0] * max_k,
                            proposed_per_position=[0] * max_k, policy="auto" if self.policy.adaptive else "fixed")
