@@ -37,8 +37,7 @@ feeds it nothing. Every SETTLED_STEPS steps it re-checks, cheaply: plain steps k
 where a plain step's cost has moved by more than RECHECK_DRIFT since it settled (the machine's load changed) does
 one probe re-time the draft and a verification (its catch-up bounded by the drafter's window). Only a policy
 whose drafts all come from a model settles (`model_drafts`, set by the loop for a ModelDrafter): a copying
-drafter's cost does not grow with K, and suffix+MODEL's copies can pay where its model cannot. What a free draft (a copy) would give is unaffected: a drafter that drafts free is priced at
-c = 0 and never settles the policy.
+drafter's cost does not grow with K, and suffix+MODEL's copies can pay where its model cannot.
 
 Exploring costs. A K whose verification was never timed for this batch size is tried when, costed at a lower
 bound (no cheaper than a shorter forward measured, nor than 1/m of a longer one of m tokens), it could beat the
