@@ -439,3 +439,37 @@ def test_the_parser_keeps_text_and_cut_answers():
     assert len(parser.calls) == 0 and parser.content == CALLS[:30]
     parser, _ = _parse(CALLS[:-20], 4)  # cut in the arguments: as far as they got
     assert not parser.calls[-1].complete and CALLS[:-20].endswith(parser.calls[-1].arguments)
+
+
+# ------------------------------------------------------------------------------------------------ exactness
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [2, "auto"])
+def test_sampled_calls_follow_the_targets_constrained_joint(tiny_pair, tokenizer, k):
+    """Under a tool grammar the engine's calls are drawn from normalise(p * mask) at every position (fixed K: the
+    rejection sampler; "auto": Gumbel coupling): the name and the argument are real choices between forced runs
+    (the markers, the JSON skeleton), which ride as certain drafts."""
+    import torch
+
+    from reference import assert_matches
+    from specdecode import SpeculativeGenerator
+    from specdecode.constraints import ConstraintSpec
+    from specdecode.tool_calls import parse_tools, tool_grammar
+    from test_structured import constrained_joint
+
+    tools = parse_tools([
+        {"type": "function", "function": {"name": "up", "parameters": {
+            "type": "object", "properties": {"x": {"enum": [1, 2]}}, "required": ["x"]}}},
+        {"type": "function", "function": {"name": "down"}}])
+    grammar = tool_grammar(tools, "required", parallel=False)
+    prompt, length = tokenizer("The quick brown fox")["input_ids"], 47  # up to the argument's value
+    joint = constrained_joint(tiny_pair[0], tokenizer, prompt, ConstraintSpec.of(grammar=grammar), length, 1.0)
+    assert len(joint) >= 3  # up 1, up 2, down (and tokenizations of them)
+    gen = SpeculativeGenerator(*tiny_pair, num_speculative_tokens=k, tokenizer=tokenizer)
+    result = gen.generate([prompt] * 1000, max_new_tokens=length, temperature=1.0, seed=5, grammar=grammar,
+                          ignore_eos=True)
+    index = {s: i for i, s in enumerate(joint)}
+    observed = torch.zeros(len(joint) + 1)
+    for row in result.token_ids:
+        observed[index.get(tuple(row), len(joint))] += 1
+    assert_matches(observed, list(joint.values()) + [0.0], min_p=1e-4)
+    assert result.stats.forced_tokens > 30 * 1000  # the skeleton came as certain drafts
