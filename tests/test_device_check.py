@@ -33,7 +33,7 @@ def _finite(x) -> bool:
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("device_check")
     done = subprocess.run(["bash", str(REPO / "scripts" / "device_check.sh"), "--dry-run", str(out)],
-                          capture_output=True, text=True, timeout=170, env={**os.environ, "PYTHON": sys.executable})
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHON": sys.executable})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads((out / "device_check.json").read_text()), (out / "device_check.md").read_text()
 

@@ -79,6 +79,7 @@ EXTRA_REQUIREMENTS = ("llama-cpp-python",)
 PORTABLE_LLAMA_CMAKE = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
                         "-DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF "
                         "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_AVX_VNNI=OFF "
+                        "-DGGML_OPENMP=OFF "  # ggml's own thread pool: no libgomp.so.1 needed on the machine
                         # what the binding loads only, as CI builds it (.ci/run): no multimodal or common library
                         f"-DLLAVA_BUILD=OFF -DCMAKE_PROJECT_INCLUDE={REPO / 'deploy' / 'llama-cpp-lean.cmake'}")
 DEFAULT_PAIR_RESULT = REPO / "docs" / "results" / "llamacpp-code.json"
