@@ -198,6 +198,50 @@ def test_an_engine_failure_reruns_the_job_alone_or_fails_it_and_the_loop_goes_on
     assert done.texts[0] == generator.generate("a", max_new_tokens=3, temperature=0).texts[0]
 
 
+def test_a_request_that_fails_to_join_fails_alone_and_the_worker_lives_on(tiny_pair, tokenizer):
+    """An error while a request joins the session (not a ValueError from its checks: say its grammar's matcher
+    raised) is handled as a failed step: that job fails with the error, the worker thread lives on, and the job
+    beside it and the next job are served exactly."""
+    generator = make_generator(tiny_pair, tokenizer)
+    bad_prompt = _ids(tokenizer, "poison")
+
+    class FailingJoin:
+        def __getattr__(self, name):
+            return getattr(generator, name)
+
+        def session(self, **kwargs):
+            session = generator.session(**kwargs)
+            add = session.add
+
+            def failing_add(request):
+                if list(request.prompt) == bad_prompt:
+                    raise RuntimeError("matcher exploded")
+                return add(request)
+
+            session.add = failing_add
+            return session
+
+    batcher = Batcher(FailingJoin(), max_batch_size=4)
+    solo = generator.generate("a", max_new_tokens=3, temperature=0).texts[0]
+
+    async def run():
+        good, bad = (Job(prompts=[p], max_tokens=[3], temperature=0) for p in (_ids(tokenizer, "a"), bad_prompt))
+        batcher.submit(good)
+        batcher.submit(bad)
+        batcher.start()
+        good_items, bad_items = await asyncio.gather(_drain(good), _drain(bad))
+        after = Job(prompts=[_ids(tokenizer, "a")], max_tokens=[3], temperature=0)
+        batcher.submit(after)
+        return good_items[-1], bad_items[-1], (await _drain(after))[-1]
+
+    good, bad, after = asyncio.run(run())
+    assert batcher.alive
+    batcher.stop(5)
+    assert isinstance(bad, Failed) and isinstance(bad.error, StepFailed) and "matcher exploded" in str(bad.error)
+    assert isinstance(good, Done) and good.texts[0] == solo
+    assert isinstance(after, Done) and after.texts[0] == solo
+
+
 def _until(predicate, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

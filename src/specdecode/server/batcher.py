@@ -293,12 +293,12 @@ class Batcher:
                 if self._stopping and not self._running:
                     return
                 joining = self._take_jobs()
-            for job in joining:
-                self._join(job)
-            self._cancel_rows()
-            if self.session.idle:
-                continue
-            try:
+            try:  # joining and cancelling too: nothing a request brings may end the worker thread
+                for job in joining:
+                    self._join(job)
+                self._cancel_rows()
+                if self.session.idle:
+                    continue
                 # First tokens of joining rows go out before the running rows' step: one step less of TTFT.
                 admitted = self.session.admit()
                 self._route(admitted, step=False)
