@@ -22,7 +22,7 @@ class PrefixAffinityRouter(RequestRouter):
     def initialize_state(self, policy: str = "affinity", load_bound: float = LOAD_BOUND, load_floor: int = 1):
         self.policy, self.load_bound, self.load_floor = policy, load_bound, load_floor
         self._ring, self._ring_ids = HashRing(()), ()
-        self._choices: dict = {}  # internal request id -> (first choice, how it was chosen)
+        self._choices: dict = {}  # internal request id -> (first choice, how it was chosen, its key)
         self._routed: dict = {}  # internal request id -> the replica it went to, until it completes
         self._homes = Homes()  # key -> the replica that served it last: a joining replica takes only new keys
 
