@@ -102,7 +102,12 @@ def test_first_use_measures_records_and_releases_an_unused_draft(costs_file, mon
     pair, opts = _auto(monkeypatch, tiny_model_dirs["draft"])
     opts.target = tiny_model_dirs["target"]
     target = load_model(tiny_model_dirs["target"], threads=1)
+    measure = pair.measure_pair_costs
+    measured = []
+    # the real measurement, taken as stable whatever this machine's load did to its rounds (see the next test)
+    monkeypatch.setattr(pair, "measure_pair_costs", lambda *a: measured.append(1) or {**measure(*a), "stable": True})
     choice, model = pair.resolve_auto_draft(opts, target)
+    assert measured == [1]
     costs = draft_choice.load_costs(pair.auto_cost_key(opts, tiny_model_dirs["draft"]))
     assert costs is not None and costs.draft_step > 0 and set(costs.verify) == {1, 3, 4, 5, 7, 9, 2}
     assert choice.draft == ("suffix+" + tiny_model_dirs["draft"] if costs.model_can_pay() else "suffix")
@@ -110,6 +115,34 @@ def test_first_use_measures_records_and_releases_an_unused_draft(costs_file, mon
     monkeypatch.setattr(pair, "measure_pair_costs", lambda *a: pytest.fail("measured twice"))
     again = pair.ModelOptions(target=tiny_model_dirs["target"])
     assert pair.resolve_auto_draft(again, target)[0].draft == choice.draft  # the record decides now
+
+
+def test_a_measurement_whose_rounds_disagree_decides_this_run_only(costs_file, monkeypatch, tiny_model_dirs):
+    """Costs measured while the machine was busy are not recorded: the next run measures again."""
+    from specdecode import load_model
+
+    pair, opts = _auto(monkeypatch, tiny_model_dirs["draft"])
+    opts.target = tiny_model_dirs["target"]
+    target = load_model(tiny_model_dirs["target"], threads=1)
+    noisy = {"c": 0.02, "v": {str(k): 1.0 for k in draft_choice.MEASURED_KS}, "target_step_ms": 4000.0,
+             "stable": False}
+    calls = []
+    monkeypatch.setattr(pair, "measure_pair_costs", lambda *a: calls.append(1) or noisy)
+    for _ in range(2):
+        choice, _model = pair.resolve_auto_draft(pair.ModelOptions(target=tiny_model_dirs["target"]), target)
+        assert choice.uses_model  # this run follows what it measured
+    assert calls == [1, 1] and not costs_file.exists()
+
+
+def test_the_measurement_reports_whether_its_rounds_agreed(tiny_model_dirs):
+    from specdecode import load_model
+    from specdecode.pair import measure_pair_costs
+
+    target = load_model(tiny_model_dirs["target"], threads=1)
+    draft = load_model(tiny_model_dirs["draft"], threads=1)
+    measured = measure_pair_costs(target, draft, rounds=3)
+    assert measured["c"] > 0 and measured["target_step_ms"] > 0 and isinstance(measured["stable"], bool)
+    assert set(measured["v"]) == {str(k) for k in draft_choice.MEASURED_KS}
 
 
 def test_other_targets_have_no_auto_draft_model():
