@@ -386,6 +386,8 @@ class DecodingSession:
         widest = max([self.policy.max_k] + [r.fixed_k or 0 for r in self.active])
         if self.drafter is None or widest == 0 or max(caps) <= 0:
             return [0] * len(self.active)
+        if getattr(self.policy, "settled", False) and not any(r.fixed_k for r in self.active):
+            return [0] * len(self.active)  # no draft can pay here (policy.py, Settling): the drafter is not asked
         # each row drafts at its own K (and what it has left), never at the batch's widest: its drafts, and so its
         # seeded text, must not depend on the other rows
         self.drafter.own_k([min(c, self.policy.max_k if r.fixed_k is None else r.fixed_k)
@@ -413,8 +415,6 @@ class DecodingSession:
         mine = [i for i, r in enumerate(self.active) if r.fixed_k is None and not forced[i]]
         if not mine or max((widths[i] for i in mine), default=0) < k:
             return
-        if getattr(self.policy, "settled", False) and not any(r.fixed_k for r in self.active):
-            return [0] * len(self.active)  # no draft can pay here (policy.py, Settling): the drafter is not asked
         self.policy.note_drafting(free)
         self.policy.observe([self.active[i].policy_state for i in mine], k, [accepted[i] for i in mine],
                             len(self.active), draft_s, verify_s, [widths[i] for i in mine])
