@@ -46,6 +46,9 @@ def test_a_draft_that_can_pay_gives_suffix_and_the_model():
     assert full > 1.05 and not marginal.model_can_pay()  # 1.11x only if every draft were kept: a loss on real text
     assert "with every draft kept" in choose_draft("m", marginal).reason
     assert draft_choice.expected_tokens(3, 0.9) == pytest.approx(1 + 0.9 + 0.81 + 0.729)
+    # a reading where 3 tokens cost less than 2 (seen under load) is taken as at least v(2)
+    noisy = draft_choice.costs_from_measurement({"c": 0.67, "v": {"1": 2.28, "2": 1.15, "3": 2.5}})
+    assert noisy.verify == {1: 1.0, 2: 2.28, 3: 2.28, 4: 2.5} and not noisy.model_can_pay()
 
 
 def test_without_costs_a_gpu_takes_the_model_and_a_cpu_must_measure():

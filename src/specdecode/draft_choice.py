@@ -160,7 +160,10 @@ def save_costs(key: str, costs: DraftCosts) -> None:
 
 def costs_from_measurement(measured: dict) -> DraftCosts:
     """DraftCosts from bench.costs.measure_costs' dict (c, v by K, target_step_ms)."""
-    verify = {1: 1.0, **{int(k) + 1: float(v) for k, v in measured["v"].items()}}
+    verify, floor = {1: 1.0}, 1.0
+    for k, v in sorted((int(k), float(v)) for k, v in measured["v"].items()):
+        floor = max(floor, v)  # never cheaper than a forward of fewer tokens (a lower reading is noise)
+        verify[k + 1] = floor
     return DraftCosts(float(measured["c"]), verify, measured.get("target_step_ms"),
                       datetime.date.today().isoformat(), machine_name())
 
