@@ -65,6 +65,26 @@ class PrefixCache:
     def usable(self, backend) -> bool:
         return self.max_tokens > 0 and caches_prefixes(backend)
 
+    def admit(self, backend, prompts: list[list[int]], running: list[tuple[list[int], int]], budget: int | None,
+              extra_rows: int = 0) -> list:
+        """Per prompt of rows about to be forked (with extra_rows more beside them), the cached prefix it starts from:
+        (handle, n) or None. Room is made for the fork first; where that cost a hit's entry, no prompt takes a hit.
+        running: the running rows' tokens and how many of them the backend holds (their KV can be copied too)."""
+        hits = [self.lookup(backend, p, running, budget) for p in prompts]
+        if not self.make_room(backend, len(prompts) + extra_rows, [h[0] for h in hits if h]):
+            hits = [None] * len(prompts)
+        for prompt, hit in zip(prompts, hits):
+            self.record(len(prompt), hit[1] if hit else 0)
+        return hits
+
+    def park(self, backend, rows: list[int], tokens: list[list[int] | None]) -> None:
+        """These rows leave the backend's batch (as select_rows of the others would) and their KV stays, as entries:
+        tokens[i] is what row rows[i] holds, in order (None: nothing worth keeping, its KV is freed)."""
+        held = backend.lengths
+        for b, seq, handle in zip(rows, tokens, backend.park(rows)):
+            if seq is not None:
+                self.insert(seq[: held[b]], handle)
+
     def make_room(self, backend, rows: int, keep: list) -> bool:
         """Evict until the backend can fork `rows` new rows (parked entries hold its spare rows), entries whose
         handle is in `keep` last; False if those had to go too (their hits are then void)."""

@@ -8,8 +8,8 @@ import torch
 
 from ..backends.base import ModelBackend, caches_prefixes, pad
 from ..prefix_cache import PrefixCache
-from ..sampling import BatchSampling, sample_with_uniforms
-from .base import Drafter, Proposal
+from ..sampling import sample_with_uniforms
+from .base import DraftContext, Drafter, Proposal
 
 
 class ModelDrafter(Drafter):
@@ -115,7 +115,7 @@ class ModelDrafter(Drafter):
                 self._pending[b] = self._pending[b][-self.catch_up_window:]
                 self._history[b] = None  # its cache now starts mid-text: nothing to park
 
-    def propose(self, k: int, sampling: BatchSampling, uniforms, num_drafts):
+    def propose(self, k: int, context: DraftContext, uniforms, num_drafts):
         self.catch_up, self.catch_up_s = max(map(len, self._pending), default=0), 0.0
         if self.catch_up > 2 and min(map(len, self._pending)) >= 2:
             # Every row is behind (plain steps since the last proposal): feed all but each row's last token in a
@@ -132,18 +132,18 @@ class ModelDrafter(Drafter):
         ids, valid = pad(self._pending, self.backend.device, side="right")
         siblings = min(self.tree_width - 1, k - 1) if self._trees else 0
         tokens, probs, token, first = [], [], None, None
-        sampled = sampling.sampled_index
+        sampled = context.sampled_index
         for i in range(k - siblings):
             logits = self.backend.forward(ids, valid, last_only=True)[:, -1]
             self.forward_calls += 1
-            mask = sampling.draft_mask(i, token)  # the rows' grammars, followed along their own drafts
-            token = torch.argmax(sampling.masked(logits, mask), dim=-1)  # additive mask: branch-free
+            mask = context.draft_mask(i, token)  # the rows' grammars, followed along their own drafts
+            token = torch.argmax(context.masked(logits, mask), dim=-1)  # additive mask: branch-free
             if i == 0 and siblings:
-                first = sampling.masked(logits, mask)
-            if not sampling.all_greedy:
-                q = sampling.probs(logits) if mask is None else sampling.probs(logits, mask)
+                first = context.masked(logits, mask)
+            if not context.all_greedy:
+                q = context.probs(logits) if mask is None else context.probs(logits, mask)
                 token[sampled] = sample_with_uniforms(q, uniforms[sampled, i])
-                sampling.couple_drafts(token, q, i)
+                context.couple_drafts(token, q, i)
                 probs.append(q)
             tokens.append(token)
             ids, valid = token.unsqueeze(1), None
@@ -194,10 +194,7 @@ class ModelDrafter(Drafter):
     def select_rows(self, rows: list[int]) -> None:
         gone = [b for b in range(len(self._pending)) if b not in set(rows)]
         if self.prefix_cache is not None and gone:  # rows that leave park their KV for prompts that start the same
-            held = self.backend.lengths
-            for b, handle in zip(gone, self.backend.park(gone)):
-                if self._history[b] is not None:
-                    self.prefix_cache.insert(self._history[b][: held[b]], handle)
+            self.prefix_cache.park(self.backend, gone, [self._history[b] for b in gone])
         else:
             self.backend.select_rows(rows)
         self._history = [self._history[r] for r in rows] if self._history else []
