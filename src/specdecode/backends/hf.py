@@ -325,7 +325,7 @@ def _left_pad_mask(mask, batch: int, slots: int, width: int, device) -> torch.Te
 
 def load(source, options):
     """The transformers backend's loader: the model as transformers loads it, run by HFBackend."""
-    from ..models.loading import load_transformers
+    from ..models.sources import load_transformers
 
     if options.backend_options:
         raise ValueError(f"the transformers backend takes no backend_options (got {sorted(options.backend_options)})")
