@@ -105,12 +105,12 @@ class PrefixCache:
         want = np.asarray(prompt, dtype=np.int64)
         best, best_n = None, 0
         for entry in self.entries:
-            n = _common_prefix(entry.tokens, want)
+            n = common_prefix(entry.tokens, want)
             if n > best_n:
                 best, best_n = entry, n
         best_row = None
         for b, (tokens, held) in enumerate(running):
-            n = _common_prefix(np.asarray(tokens[:held], dtype=np.int64), want)
+            n = common_prefix(np.asarray(tokens[:held], dtype=np.int64), want)
             if n > best_n:
                 best, best_n, best_row = None, n, b
         n = reusable_prefix(backend, len(prompt), best_n, budget)
@@ -133,7 +133,7 @@ class PrefixCache:
         if len(tokens) < MIN_REUSE or len(tokens) > self.max_tokens:
             return
         new = np.asarray(tokens, dtype=np.int64)
-        self.entries = [e for e in self.entries if _common_prefix(e.tokens, new) < len(e.tokens)]
+        self.entries = [e for e in self.entries if common_prefix(e.tokens, new) < len(e.tokens)]
         self._clock += 1
         self.entries.append(_Entry(new, handle, self._clock))
         self.stats.inserted += 1
@@ -152,9 +152,11 @@ class PrefixCache:
         self.stats.evictions += 1  # the handle went with the entry: the backend frees that KV
 
 
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+def common_prefix(a, b) -> int:
+    """How many leading tokens a and b share: token lists, or int64 arrays (one vector comparison, for the long
+    prompts the cache compares)."""
     n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        diff = np.flatnonzero(a[:n] != b[:n])
+        return int(diff[0]) if len(diff) else n
+    return next((i for i in range(n) if a[i] != b[i]), n)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .backends.base import caches_prefixes, max_rows, pad, verifies_trees
-from .constrained import RowGrammars, with_forced
+from .row_grammars import RowGrammars, with_forced
 from .detokenize import IncrementalDetokenizer, find_stop
 from .drafters import DraftContext, Proposal
 from .policy import Outcome, Outlook

@@ -32,7 +32,13 @@ class Verified:
     @classmethod
     def of_tree(cls, tokens: list[list[int]], parents: list[list[int]], widths: list[int], paths: list[list[int]],
                 next_tokens: list[int], scores: torch.Tensor, logprobs: bool) -> "Verified":
-        """A tree step's outcome as a chain's: the kept nodes' tokens, and (for logprobs) the scores along them."""
+        """A tree step's outcome as a chain's: the kept nodes' tokens, and (for logprobs) the scores along them.
+
+        Worked example, one row of 3 nodes, tokens [a, b, c], parents [-1, 0, -1] (a then b from the root, c a
+        sibling of a). scores[:, 0] is the distribution after the root, scores[:, i + 1] after node i. The path [0, 1]
+        keeps a, b (drafts [a, b], scores at [0, 1, 2]); the path [2] keeps c (drafts [c], scores at [0, 3]): node 2
+        has no child, so the row's path ended at a leaf and the token after it is a bonus, while a path [0] (a
+        kept, b rejected) ends at a node with a child: the token after it is a correction."""
         if logprobs:
             at = [[0] + [i + 1 for i in path] for path in paths]
             width = max(map(len, at))

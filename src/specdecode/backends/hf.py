@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from ..token_tree import ancestors_mask, depths
-from ..vocab import embedding_rows
+from ..vocab import embedding_rows, token_ids
 from . import register_backend
 
 
@@ -298,9 +298,7 @@ class _RowKV:
 def _eos_ids(model) -> set[int]:
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if value is not None:
-            ids.update([value] if isinstance(value, int) else value)
+        ids |= token_ids(getattr(source, "eos_token_id", None))
     return ids
 
 

@@ -49,7 +49,7 @@ class DraftContext:
 
     sampling: BatchSampling  # [B] the rows' sampling settings
     noise: torch.Tensor | None = None  # [C, K+1, V] float64: the coupled rows' Gumbel noise for this step's positions
-    grammars: object | None = None  # constrained.RowGrammars [B] when some row is constrained, else None
+    grammars: object | None = None  # row_grammars.RowGrammars [B] when some row is constrained, else None
 
     @property
     def greedy_rows(self) -> list[bool]:

@@ -7,7 +7,7 @@ import time
 import torch
 
 from ..backends.base import ModelBackend, caches_prefixes, pad
-from ..prefix_cache import PrefixCache
+from ..prefix_cache import PrefixCache, common_prefix
 from ..sampling import sample_with_uniforms
 from .base import DraftContext, Drafter, Proposal
 
@@ -43,7 +43,7 @@ class ModelDrafter(Drafter):
         self.max_rows = getattr(backend, "max_rows", None)  # rows its cache can hold (None: no limit)
         self.forward_calls = 0
         self._pending: list[list[int]] = []
-        self._fed: list[int] = []  # cache length per row before the last proposal
+        self._fed: list[int] = []  # cache length per row once the last proposal fed its pending tokens (propose -> update)
         self._proposed = 0
         self.catch_up = 0  # tokens the last proposal had to feed for its longest row (normally 1 or 2) ...
         self.catch_up_s = 0.0  # ... and the seconds of a forward of their own, when every row was behind,
@@ -183,8 +183,16 @@ class ModelDrafter(Drafter):
             return
         # The cache saw the pending tokens and its drafts[:k-1]; keep what was accepted of those (after a tree, the
         # chain's tokens that were kept: a path through a sibling kept none of them).
+        #
+        # Worked example, one row, k = 3: the cache held 10 tokens and pending was [t] (the target's last token).
+        # propose fed t (_fed = 11) and drew d1, fed d1 and drew d2, fed d2 and drew d3 (never fed): the cache
+        # holds 13 = _fed + k - 1 tokens. Then, by what the target kept:
+        #   kept 0, emitted [x]:             cached 0, trim to 11 (..., t),         pending [x]
+        #   kept 1, emitted [d1, x]:         cached 1, trim to 12 (..., t, d1),     pending [x]
+        #   kept 3, emitted [d1, d2, d3, b]: cached 2, trim to 13 (..., t, d1, d2), pending [d3, b]
+        # After a tree whose chain was [d1, d2] and a sibling s of d1: a path through s kept 0 of the chain.
         if self._chain:
-            kept = [_common_prefix(c, e[:n]) for c, e, n in zip(self._chain, emitted, kept)]
+            kept = [common_prefix(c, e[:n]) for c, e, n in zip(self._chain, emitted, kept)]
             self._chain = []
         cached = [min(n, k - 1) for n in kept]
         self.backend.trim([f + c for f, c in zip(self._fed, cached)])
@@ -201,9 +209,3 @@ class ModelDrafter(Drafter):
         self._pending = [self._pending[r] for r in rows]
         self._fed = [self._fed[r] for r in rows] if self._fed else []
 
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
