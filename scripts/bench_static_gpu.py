@@ -10,29 +10,11 @@ import argparse
 import time
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator
 from specdecode.backends.hf import HFBackend
 from specdecode.backends.static import StaticBackend
-
-SHAPES = {  # Qwen2.5 configs (hidden, intermediate, layers, heads, kv heads, vocab, tied embeddings)
-    "tiny": (64, 128, 2, 4, 2, 1024, True),  # for checking the script on a CPU
-    "0.5B": (896, 4864, 24, 14, 2, 151936, True),
-    "1.5B": (1536, 8960, 28, 12, 2, 151936, True),
-    "7B": (3584, 18944, 28, 28, 4, 152064, False),
-}
-
-
-def build(size, device, dtype):
-    hidden, inter, layers, heads, kv, vocab, tied = SHAPES[size]
-    config = Qwen2Config(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
-                         tie_word_embeddings=tied, max_position_embeddings=32768, rope_theta=1e6,
-                         rms_norm_eps=1e-6, eos_token_id=None)
-    torch.manual_seed(0)
-    with torch.device(device):
-        return Qwen2ForCausalLM(config).to(dtype).eval()
+from specdecode.bench.random_models import SHAPES, build_qwen  # shared with the device check
 
 
 def timed(fn, device, repeats):
@@ -62,7 +44,7 @@ def main():
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype)
-    model = build(args.size, device, dtype)
+    model = build_qwen(args.size, device, dtype)
     prompts = torch.randint(0, 1000, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1)).tolist()
     max_len = args.prompt + args.new
     new = dict(max_new_tokens=args.new, temperature=0.0, ignore_eos=True)

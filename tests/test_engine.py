@@ -1,11 +1,14 @@
 """The decoding loop's contract: stopping, streaming, statistics, seeds, vocabularies and bad input."""
 
 import copy
+import functools
+import itertools
 
 import pytest
 import torch
 
-from specdecode.sampling import stream_seed
+from specdecode import sampling
+from specdecode.sampling import RowGenerators, stream_seed
 
 from conftest import perturbed_copy, tiny_qwen
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator, VocabularyMismatchError, load_model
@@ -189,15 +192,15 @@ def test_seed_is_reproducible_and_seeded_once_per_call(models, monkeypatch):
     assert len({tuple(r) for r in a}) > 1  # rows of one call are independent draws
     seeds = []
 
-    class CountingGenerator(torch.Generator):
-        def manual_seed(self, seed):
-            seeds.append(seed)
-            return super().manual_seed(seed)
+    def counting_stream(seed, index=0):
+        seeds.append((seed, index))
+        return real_stream(seed, index)
 
-    monkeypatch.setattr(torch, "Generator", CountingGenerator)
+    real_stream = sampling.row_stream
+    monkeypatch.setattr(sampling, "row_stream", counting_stream)
     result = generator.generate([PROMPT], seed=9, **kwargs)
     assert result.stats.target_forward_calls > 3
-    assert seeds == [stream_seed(9, 0)]  # seeded once for the call, never reseeded per step
+    assert seeds == [(9, 0)]  # seeded once for the call, never reseeded per step
 
 
 def test_plain_and_speculative_sampling_are_distinct_draws_of_the_same_law(models):
@@ -395,3 +398,44 @@ def test_different_seeds_never_share_a_row_stream(models):
     alone = generator.generate([PROMPT], seed=2, **kwargs).token_ids[0]
     assert alone == two[0]  # a seed reproduces itself alone and as row 0 of a batch
     assert {stream_seed(s, i) for s in range(50) for i in range(50)}.__len__() == 2500
+    # ... and so does the state of the generator that draws, and its first numbers
+    streams = [RowGenerators([s], seed_indices=[i]).streams[0] for s in range(50) for i in range(50)]
+    assert len({(g.bit_generator.state["state"]["state"], g.bit_generator.state["state"]["inc"])
+                for g in streams}) == 2500
+    assert len({tuple(g.random(2)) for g in streams}) == 2500
+
+
+@functools.cache
+def colliding_seeds() -> tuple[int, int]:
+    """The first two seeds whose 63-bit stream seeds share their low 32 bits, the part torch's CPU generator
+    (MT19937) keeps: found by a birthday search over 0, 1, 2, ... (~54k seeds, 0.3 s)."""
+    seen = {}
+    for seed in itertools.count():
+        low = stream_seed(seed) & 0xFFFF_FFFF
+        if low in seen:
+            return seen[low], seed
+        seen[low] = seed
+
+
+def test_seeds_whose_stream_seeds_share_the_low_word_draw_different_numbers():
+    a, b = colliding_seeds()
+    assert stream_seed(a) != stream_seed(b)  # distinct 63-bit values: the old test of streams passed on these
+    uniforms = RowGenerators([a, b]).uniforms([16, 16])
+    assert not torch.equal(uniforms[0], uniforms[1])
+    noise = RowGenerators([a, b], coupled=[True, True]).noise(2, 64)
+    assert not torch.equal(noise[0], noise[1])
+
+
+@pytest.mark.parametrize("k", [0, 3, "auto"])
+def test_seeds_whose_stream_seeds_share_the_low_word_sample_different_text(models, k):
+    """Plain decoding and the rejection sampler draw uniforms, "auto" Gumbel noise: every path gets its own stream.
+    With the low word alone (torch's CPU generator) both seeds gave the same tokens at fixed K and K = 0."""
+    target, draft = models
+    a, b = colliding_seeds()
+    generator = AutoregressiveGenerator(target) if k == 0 else \
+        SpeculativeGenerator(target, draft, num_speculative_tokens=k)
+    kwargs = dict(max_new_tokens=16, temperature=1.0, ignore_eos=True)
+    one = generator.generate([PROMPT] * 2, seed=[a, a + 1], **kwargs).token_ids
+    two = generator.generate([PROMPT] * 2, seed=[b, a + 1], **kwargs).token_ids
+    assert one[0] != two[0]
+    assert one[1] == two[1]  # the same seed still reproduces itself

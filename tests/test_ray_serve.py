@@ -132,7 +132,8 @@ def test_two_replicas_serve_exactly_and_survive_a_killed_replica(ray_url, tiny_m
     async def load_and_kill():
         task = asyncio.create_task(_post_all(ray_url, [b for b, _ in long_specs], retries=8))
         replicas = [ray.get_actor(a["name"], namespace=a["namespace"])
-                    for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("SERVE_REPLICA::")]
+                    for a in ray.util.list_named_actors(all_namespaces=True)
+                    if a["name"].startswith("SERVE_REPLICA::specdecode#specdecode#")]  # not the ingress
         assert len(replicas) == 2
         victim = await _busy_replica(replicas)
         ray.kill(victim, no_restart=True)
@@ -149,10 +150,18 @@ def test_two_replicas_serve_exactly_and_survive_a_killed_replica(ray_url, tiny_m
         assert all(f in ("RemoteProtocolError", "ReadError", 408) or (isinstance(f, int) and f >= 500)
                    for f in failures), failures
         failed_once += bool(failures)
-    assert failed_once > 0  # the kill did hit requests in flight
+    # the kill did hit requests in flight: the ingress sent them again (or the client did, after a clean failure)
+    rerouted = _metric_value(httpx.get(f"{ray_url}/metrics", timeout=30).text, "specdecode_rerouted_requests_total")
+    assert failed_once + rerouted > 0
     assert _healthy(ray_url)
     print(f"\n2 replicas: 100 requests in {two_s:.1f} s; after the kill {failed_once}/{len(long_specs)} requests needed a retry, "
-          f"failures seen: {sorted({str(f) for fs, _ in results for f in fs})}")
+          f"{rerouted:g} were sent again by the ingress, failures seen: {sorted({str(f) for fs, _ in results for f in fs})}")
+
+
+def _metric_value(text: str, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
 def test_throughput_one_replica_vs_two(ray_url, tiny_model_dirs, tiny_pair, tokenizer):
@@ -180,7 +189,8 @@ def test_cli_ray_options_are_checked_before_anything_loads():
     runner = CliRunner()
     for args, message in ((["--replicas", "2"], "need --ray"), (["--ray", "--replicas", "2", "--autoscale", "1,2"],
                           "not both"), (["--ray", "--autoscale", "3,1"], "MIN <= MAX"),
-                          (["--ray", "--autoscale", "x"], "two integers")):
+                          (["--ray", "--autoscale", "x"], "two integers"), (["--routing", "load"], "need --ray"),
+                          (["--ray", "--routing", "nearest"], "--routing takes affinity or load")):
         result = runner.invoke(app, ["serve", *args])
         assert result.exit_code != 0 and message in result.output, (args, result.output)
 

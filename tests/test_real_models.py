@@ -54,14 +54,15 @@ def target_greedy(backend) -> dict:
 
 @pytest.mark.parametrize("draft_quantize", ["auto", "none"])
 def test_greedy_generate_gives_the_targets_own_tokens(backend, target_greedy, draft_quantize):
-    """The built-in names are the defaults (no --target/--draft). transformers: auto = an int8 draft on the CPU.
+    """The built-in target is the default (no --target); the draft model is named, since --draft auto may choose
+    the free draft where the model cannot pay on this machine. transformers: auto = an int8 draft on the CPU.
     llama.cpp: --exact-greedy (verifications of <= 3 tokens match its token-by-token decoding bit for bit). Both: a
     fixed K, so the draft is used whatever the policy would say of its cost on this CPU (under -k auto the
     acceptance and the target's forward count below would follow the machine's timings)."""
     if backend == "llamacpp" and draft_quantize == "none":
         pytest.skip("a GGUF draft runs as it is quantized: no draft quantization to vary")
     extra = ["-k", "3"] + (["--exact-greedy"] if backend == "llamacpp" else [])
-    spec = run_json("--draft-quantize", draft_quantize, "--backend", backend, *extra)
+    spec = run_json("--draft", DEFAULT_DRAFT, "--draft-quantize", draft_quantize, "--backend", backend, *extra)
     assert len(target_greedy["token_ids"]) == NEW_TOKENS
     assert spec["token_ids"] == target_greedy["token_ids"]
     assert spec["text"] == target_greedy["text"]

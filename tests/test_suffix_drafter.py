@@ -247,6 +247,69 @@ def test_sampled_output_follows_the_target_exactly(small_target, k, method, seed
     assert_first_tokens_follow_target(small_target, PROMPT, result.token_ids, temperature=0.8)
 
 
+# ------------------------------------------------------------------------------- rows independent of their batch
+OWN = [5, 6, 7, 10, 11, 99, 5, 6, 7]  # the context's own match is 3 tokens long: it drafts at most 10 11 99
+SHARED = OWN + [20, 21, 22, 23, 24, 25, 26, 27]  # the history matches the whole context: 8 tokens follow
+
+
+@pytest.mark.parametrize("width", [1, 2])
+def test_a_rows_drafts_are_those_of_its_own_k_whatever_the_other_rows_k(width):
+    """At K = 2 the context's draft (10 11) ties the history's (20 21) and wins; at the batch's widest K (8) the
+    history's scores 8 against 3. A row of K = 2 beside a row of K = 8 drafts what it drafts alone."""
+    alone = SuffixDrafter(history_of(SHARED), tree_width=width)
+    alone.use_trees(True)
+    alone.prefill(torch.tensor([OWN]), None)
+    alone.own_k([2])
+    assert alone.max_drafts(2) == [2]
+    mine = alone.propose(2, None, None, [2])
+    batch = SuffixDrafter(history_of(SHARED), tree_width=width)
+    batch.use_trees(True)
+    batch.prefill(torch.tensor([[3, 4] + OWN, [0, 0] + OWN]), torch.tensor([[True] * 11, [False] * 2 + [True] * 9]))
+    batch.own_k([8, 2])
+    assert batch.max_drafts(8) == [8, 2]
+    theirs = batch.propose(8, None, None, [8, 2])
+    assert mine.tokens[0].tolist() == theirs.tokens[1, :2].tolist() == [10, 11]
+    assert theirs.tokens[0].tolist() == SHARED[9:]
+    if width > 1:
+        assert mine.parents[0] == theirs.parents[1][:2]
+
+
+@pytest.mark.parametrize("method", ["leviathan", "chen"])
+def test_a_rows_seeded_text_does_not_depend_on_the_other_rows_of_its_batch(small_target, method, monkeypatch):
+    """A row of fixed K = 2, alone and beside rows of K = 8 with other prompts (which outlive it: nothing they write
+    reaches the history while it runs), on a 16-token vocabulary where the row's context and a history of earlier
+    samples compete at every step: the same drafts, so the same sampled text."""
+    earlier = AutoregressiveGenerator(small_target).generate([PROMPT] * 12, max_new_tokens=8, temperature=1.0,
+                                                             seed=1, ignore_eos=True).token_ids
+    proposed = []
+    real = SuffixDrafter.propose
+
+    def recording(self, k, sampling, uniforms, num_drafts):
+        proposal = real(self, k, sampling, uniforms, num_drafts)
+        proposed[-1].append([proposal.tokens[b, :n].tolist() for b, n in enumerate(num_drafts)])
+        return proposal
+
+    monkeypatch.setattr(SuffixDrafter, "propose", recording)
+
+    def run(rows):
+        proposed.append([])
+        history = history_of(*[PROMPT + t for t in earlier])
+        gen = SpeculativeGenerator(small_target, SuffixDrafter(history), num_speculative_tokens=2, method=method)
+        session = gen.session()
+        for prompt, k, limit in rows:  # the others need >= 12 steps of 9 tokens: the row (<= 10 steps) ends first
+            session.add(gen.request(prompt, limit, temperature=1.0, seed=11, num_speculative_tokens=k,
+                                    ignore_eos=True))
+        while not session.idle:
+            session.step()
+        return session.result()
+
+    alone = run([(PROMPT, 2, 10)])
+    batch = run([([4, 5, 6, 4, 5, 6], 8, 100), (PROMPT, 2, 10), ([1, 2, 3, 9, 9], 8, 100)])
+    assert [step[1] for step in proposed[1][:len(proposed[0])]] == [step[0] for step in proposed[0]]
+    assert batch.token_ids[1] == alone.token_ids[0]
+    assert alone.stats.proposed_tokens > 4
+
+
 # ---------------------------------------------------------------------------------------------- the CLI
 def test_the_cli_drafts_with_suffix_and_equals_plain_decoding(tiny_model_dirs):
     from specdecode.cli.app import app

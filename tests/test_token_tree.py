@@ -154,6 +154,9 @@ def test_the_suffix_tree_is_grown_best_first_and_is_the_chain_at_width_one():
     assert speculate_tree(draft, 8, 0.1, 3) == ([7, 8, 9, 5, 6], [-1, 0, 1, 0, -1], pytest.approx(14 / 7))
     assert speculate_tree(draft, 3, 0.1, 3)[:2] == ([7, 8, 9], [-1, 0, 1])  # the best 3 nodes
     assert speculate_tree(draft, 8, 0.2, 3)[:2] == ([7, 8, 9, 5], [-1, 0, 1, 0])  # 6 is below min_prob
+    # at most 2 leaves: 6 (a third leaf) is passed over; a child of a leaf would have replaced it
+    assert speculate_tree(draft, 8, 0.1, 3, max_leaves=2)[:2] == ([7, 8, 9, 5], [-1, 0, 1, 0])
+    assert speculate_tree(draft, 8, 0.1, 3, max_leaves=1)[:2] == ([7, 8, 9], [-1, 0, 1])
 
 
 def test_the_drafter_proposes_trees_only_when_the_session_can_verify_them():
@@ -327,6 +330,60 @@ def test_llamacpp_greedy_with_trees_is_llamacpps_own_token_for_token(smol_path):
         assert runs[width].token_ids[0] == greedy
         assert runs[width].logprobs[0] == plain.logprobs[0]
     assert runs[3].stats.target_forward_calls < runs[1].stats.target_forward_calls
+
+
+def test_padding_continues_the_last_node_and_adds_no_leaf():
+    from specdecode.token_tree import padded
+
+    def leaves(parents):
+        kids = children(parents)
+        return sum(1 for i in range(len(parents)) if not kids[i + 1])
+
+    assert padded([], 3) == chain(3)  # a row with no drafts: one chain, one leaf (its own sequence)
+    for tree in ([-1], [-1, -1], [-1, 0, -1, 1], [-1, 0, 0, 1]):
+        assert padded(tree, 7)[:len(tree)] == tree and len(padded(tree, 7)) == 7
+        assert leaves(padded(tree, 7)) == leaves(tree)
+    assert padded([-1, 0], 2) == [-1, 0]
+
+
+def test_llamacpp_trees_of_a_batch_whose_rows_have_few_real_nodes_fit_its_spare_sequences(smol_path):
+    """One row drafts a 24-token copy, eleven have nothing to copy: their drafts are padding (never verified). Padding
+    hung below the root was a leaf per node, a spare sequence each: 11 x 23 > the 243 spare sequences of a 12-row
+    context, and the first step failed ("needs more spare sequences"). Padding now continues the row's last branch."""
+    from specdecode.backends.llamacpp import LlamaCppBackend
+
+    rows = 12
+    target = LlamaCppBackend(smol_path, n_ctx=2048, max_rows=rows, n_threads=1, token_trees=True)
+    loop = [1000 + i for i in range(30)]
+    prompts = [loop * 2 + loop[:4]] + [[2000 + 40 * r + i for i in range(6)] for r in range(1, rows)]
+    gen = SpeculativeGenerator(target, SuffixDrafter(SuffixHistory(0), tree_width=2), num_speculative_tokens=24)
+    result = gen.generate(prompts, max_new_tokens=26, temperature=0.0, ignore_eos=True)
+    plain = AutoregressiveGenerator(target).generate(prompts[:1], max_new_tokens=26, temperature=0.0,
+                                                     ignore_eos=True)
+    assert result.token_ids[0] == plain.token_ids[0]
+    assert [len(t) for t in result.token_ids] == [26] * rows
+    assert result.stats.accepted_tokens >= 14  # SmolLM copies the loop 14 tokens long: the row's drafts were kept
+
+
+def test_llamacpp_rows_with_bushy_trees_keep_to_the_leaves_that_always_fit(smol_path):
+    """40 rows whose histories fork 8 ways right after their first token: 8 leaves each, 40 x 7 spare sequences
+    > the 216 of a 40-row context. Each row's tree keeps to tree_leaves (5) whatever the other rows' trees."""
+    from specdecode.backends.llamacpp import LlamaCppBackend
+
+    rows = 40
+    target = LlamaCppBackend(smol_path, n_ctx=128, max_rows=rows, n_threads=1, token_trees=True)
+    assert target.tree_leaves == 1 + (216 - 1 - rows) // rows == 5
+    prompt = [3000 + i for i in range(8)]
+    first = AutoregressiveGenerator(target).generate([prompt], max_new_tokens=1, temperature=0.0).token_ids[0]
+    history = SuffixHistory()
+    for branch in range(8):
+        history.add(prompt + first + [4000 + 10 * branch + i for i in range(4)])
+    drafter = SuffixDrafter(history, tree_width=8)
+    gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=8)
+    result = gen.generate([prompt] * rows, max_new_tokens=10, temperature=0.0, ignore_eos=True)
+    assert [len(t) for t in result.token_ids] == [10] * rows and result.token_ids[0][:1] == first
+    assert result.stats.proposed_tokens >= 8 * rows  # every row drafted its 8-node tree at the first step
+    assert drafter.max_leaves == 5
 
 
 def test_the_pair_builds_llamacpp_for_trees_only_when_asked(smol_path):

@@ -21,8 +21,9 @@ def has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def encode_chat(tokenizer, messages: str | Sequence[Mapping[str, str]]) -> list[int]:
+def encode_chat(tokenizer, messages: str | Sequence[Mapping], tools: Sequence[Mapping] | None = None) -> list[int]:
     """Token ids of `messages` ({"role", "content"} dicts, or a string: one user turn) ready for the assistant.
+    tools: function tools in OpenAI's shape, shown to the model by the template (None: no tools).
 
     The template's text already holds the model's special tokens (BOS included), so it is encoded with
     add_special_tokens=False: no second BOS.
@@ -35,7 +36,8 @@ def encode_chat(tokenizer, messages: str | Sequence[Mapping[str, str]]) -> list[
     if not conversation:
         raise ChatTemplateError("the conversation has no messages")
     try:
-        text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(conversation, tools=list(tools) if tools else None,
+                                             add_generation_prompt=True, tokenize=False)
     except Exception as exc:  # the template rejects the conversation (roles out of order, a missing user turn...)
         raise ChatTemplateError(f"the chat template rejected the messages: {exc}") from None
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -13,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
+from .draft_choice import DraftChoice
 from .errors import OptionError
 from .speculation import AUTO, Speculation
 
@@ -29,13 +31,14 @@ LOOKUP_DRAFTS = {  # the drafts that copy tokens instead of running a model, as 
 SUFFIX_WITH = SUFFIX + "+"  # "suffix+MODEL": the suffix's copy where its index is confident, MODEL's drafts elsewhere
 DEFAULT_SUFFIX_HISTORY_TOKENS = 1_000_000
 NO_DRAFT = "none"
+AUTO_DRAFT = "auto"  # the default: the free drafts where the draft model cannot pay here, suffix+MODEL where it can
 QUANTIZATIONS = ("int8", "int4", "none", "auto")  # "auto" (the draft's default): int8 on the CPU, none elsewhere
 
 
 @dataclass
 class ModelOptions:
     target: str = DEFAULT_TARGET
-    draft: str | None = DEFAULT_DRAFT  # a model, PROMPT_LOOKUP, SUFFIX, suffix+MODEL, or None / NO_DRAFT (plain)
+    draft: str | None = AUTO_DRAFT  # AUTO_DRAFT, a model, PROMPT_LOOKUP, SUFFIX, suffix+MODEL, or None / NO_DRAFT
     k: str | int = AUTO  # "auto", a fixed K (0 = plain decoding), or (bench) a comma list of those
     method: str = "leviathan"
     backend: str = "auto"
@@ -50,10 +53,16 @@ class ModelOptions:
     trust_remote_code: bool = False
     suffix_history_tokens: int = DEFAULT_SUFFIX_HISTORY_TOKENS  # the suffix draft's history of earlier requests
     tree_width: int = 1  # --draft suffix: children per node of its token trees (1: chains)
+    draft_choice: ClassVar[DraftChoice | None] = None  # what AUTO_DRAFT resolved to (resolve_auto_draft sets it)
 
     @property
     def has_draft(self) -> bool:
         return self.draft is not None and self.draft.lower() != NO_DRAFT
+
+    @property
+    def draft_is_auto(self) -> bool:
+        """--draft auto, not yet resolved: the draft model where it can pay on this machine, else the free draft."""
+        return self.has_draft and self.draft.lower() == AUTO_DRAFT
 
     @property
     def draft_is_lookup(self) -> bool:
@@ -68,7 +77,7 @@ class ModelOptions:
     @property
     def draft_model(self) -> str | None:
         """The draft model to load: the draft, or suffix+MODEL's MODEL; None for no draft or one that copies."""
-        if not self.has_draft or self.draft_is_lookup:
+        if not self.has_draft or self.draft_is_lookup or self.draft_is_auto:
             return None
         return self.draft[len(SUFFIX_WITH):].strip() if self.draft_with_suffix else self.draft
 
@@ -171,7 +180,7 @@ def load_target(opts: ModelOptions, rows: int = 1, progress=None):
 
     return load_model(opts.target, device=opts.device, device_map=opts.device_map,
                       quantize=_quantization(opts, "quantize"), prepack=opts.prepack, progress=progress,
-                      token_trees=opts.tree_width > 1 and opts.has_draft and opts.draft.lower() == SUFFIX,
+                      token_trees=opts.tree_width > 1 and opts.has_draft and opts.draft.lower() in (SUFFIX, AUTO_DRAFT),
                       **_shared(opts, rows))
 
 
@@ -219,11 +228,95 @@ def _suffix_drafter(opts: ModelOptions, tree_width: int = 1):
 
 
 def load_pair(opts: ModelOptions, rows: int = 1, progress=None):
-    """(target, draft or None) after check_options. rows: rows decoded at once (a server's max batch size)."""
+    """(target, draft or None) after check_options. rows: rows decoded at once (a server's max batch size).
+    --draft auto is resolved after the target's load (resolve_auto_draft): opts.draft is then what was chosen."""
     check_options(opts)
     with draft_prepared_alongside(opts):
         target = load_target(opts, rows, progress)
-    return target, load_draft(opts, rows, progress)
+    _, model = resolve_auto_draft(opts, target, rows, progress)
+    return target, with_suffix(opts, model) if model is not None else load_draft(opts, rows, progress)
+
+
+# ---------------------------------------------------------------------------------------------- --draft auto
+def auto_draft_model(opts: ModelOptions) -> str | None:
+    """The draft model --draft auto considers: the default pair's draft for the default target, where it is
+    installed; None for any other target (no draft model is known to share its vocabulary)."""
+    from .models import registry
+
+    if not registry.is_registered(opts.target) or registry.lookup(opts.target).name != DEFAULT_TARGET:
+        return None
+    info = registry.get_model_info(DEFAULT_DRAFT)
+    return DEFAULT_DRAFT if info.installed or info.cached else None
+
+
+def auto_cost_key(opts: ModelOptions, model: str) -> str:
+    from .draft_choice import cost_key
+
+    return cost_key(opts.target, model, opts.backend, opts.threads, opts.draft_quantize)
+
+
+def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None, measuring=None):
+    """--draft auto, decided after the target's load: (DraftChoice or None when the draft was explicit, the draft
+    model if one was loaded for the choice, else None). Sets opts.draft to the choice and opts.draft_choice.
+
+    On a CPU the choice rests on the draft model's costs on this machine (draft_choice.py): recorded ones, or,
+    the first time, measured (the model is loaded for that, and released when it cannot pay). On a GPU the model is
+    chosen without measuring. measuring: a context manager factory the CLI shows a status with."""
+    from .draft_choice import DraftChoice, choose_draft, costs_from_measurement, load_costs, save_costs
+
+    if not opts.draft_is_auto:
+        return None, None
+    model_name = auto_draft_model(opts)
+    on_gpu = getattr(getattr(target, "device", None), "type", "cpu") != "cpu" or opts.device_map is not None
+    costs, model = None, None
+    if model_name is not None and not on_gpu:
+        key = auto_cost_key(opts, model_name)
+        costs = load_costs(key)
+        if costs is None:
+            with (measuring or contextlib.nullcontext)():
+                model = load_draft_model(replace(opts, draft=model_name), rows, progress)
+                costs = costs_from_measurement(measure_pair_costs(target, model))
+            save_costs(key, costs)
+    choice: DraftChoice = choose_draft(model_name, costs, on_gpu)
+    opts.draft, opts.draft_choice = choice.draft, choice
+    if not choice.uses_model:
+        model = None  # released: a draft that is not used takes no memory
+    elif model is None:
+        model = load_draft_model(opts, rows, progress)
+    return choice, model
+
+
+def measure_pair_costs(target, draft_model, repeats: int = 3) -> dict:
+    """c and v(n) of this pair here, in measure_costs' form: forwards on a warm 64-token context, each the fastest
+    of `repeats` after a warm-up (another process's load only ever adds time, so the minimum is the machine's)."""
+    import time
+
+    import torch
+
+    from .backends.base import pad
+    from .draft_choice import MEASURED_KS
+    from .engine import SpeculativeGenerator
+
+    gen = SpeculativeGenerator(target, draft_model, num_speculative_tokens=1)
+    context = [(7 * i + 100) % min(gen.vocab_size, 5000) for i in range(64 + max(MEASURED_KS) + 1)]
+
+    def fastest(backend, n: int) -> float:
+        backend.reset(1)
+        backend.forward(pad([context[:64]], backend.device)[0], last_only=True)
+        ids = torch.tensor([context[64:64 + n]], dtype=torch.long, device=backend.device)
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            backend.forward(ids)
+            times.append(time.perf_counter() - start)
+            backend.trim([64])
+        return min(times[1:])
+
+    step = fastest(gen.target, 1)
+    v = {str(k): fastest(gen.target, k + 1) / step for k in MEASURED_KS}
+    draft_step = fastest(gen.drafter.backend, 1)
+    gen.target.reset(0)
+    return {"c": draft_step / step, "v": v, "target_step_ms": 1000 * step}
 
 
 @contextlib.contextmanager
@@ -250,13 +343,22 @@ def _unprepared_draft(opts: ModelOptions):
     from .models import registry
 
     cpu = opts.device_map is None and opts.device == "cpu"
-    if not (cpu and opts.draft_model and registry.is_registered(opts.draft_model)):
+    model = opts.draft_model or (_auto_model_to_measure(opts) if cpu else None)
+    if not (cpu and model and registry.is_registered(model)):
         return None
     from .models.locate import locate_model
 
-    location = locate_model(opts.draft_model, opts.backend)
+    location = locate_model(model, opts.backend)
     same = registry.is_registered(opts.target) and registry.lookup(opts.target).name == location.name
     return None if location.prepared or same else location
+
+
+def _auto_model_to_measure(opts: ModelOptions) -> str | None:
+    """--draft auto's model where its costs here are not recorded yet (it will be loaded to measure them)."""
+    from .draft_choice import load_costs
+
+    model = auto_draft_model(opts) if opts.draft_is_auto else None
+    return model if model is not None and load_costs(auto_cost_key(opts, model)) is None else None
 
 
 def _prepare_quietly(location) -> None:

@@ -30,6 +30,14 @@ long run. A probe that beat a plain step is evidence the text has changed: the o
 the probe is repeated at once, so a draft that agrees again gets speculation back within a few steps of the
 next probe; as soon as the estimates say a K pays the wait is reset to 8.
 
+Settling. Where even full acceptance cannot beat plain decoding at the measured costs (max over K of
+(K + 1) / (K c + v(K + 1)) <= 1, v extrapolated along its measured slope beyond the timed n), no text can make a
+draft pay: the policy settles (`settled`): choose() returns 0 at once and the loop asks the drafter nothing and
+feeds it nothing. Every SETTLED_STEPS steps it re-checks, cheaply: plain steps keep timing the target, and only
+where a plain step's cost has moved by more than RECHECK_DRIFT since it settled (the machine's load changed) does
+one probe re-time the draft and a verification (its catch-up bounded by the drafter's window). What a free draft (a copy) would give is unaffected: a drafter that drafts free is priced at
+c = 0 and never settles the policy.
+
 Exploring costs. A K whose verification was never timed for this batch size is tried when, costed at a lower
 bound (no cheaper than a shorter forward measured, nor than 1/m of a longer one of m tokens), it could beat the
 best estimate; so a wrong prior cannot lock in a bad K. Timings are robust to warm-up (the first two samples of
@@ -76,6 +84,8 @@ TRIAL_BUDGET = 0.03        # a probe or an exploration may cost its draft's catc
 PRIOR_CATCH_UP = 0.2       # an unmeasured catch-up, in draft steps per token fed
 REFRESH_STEPS = 128        # speculating this long without a plain step: time plain steps afresh (only they can)
 THIN_EVIDENCE = 10         # an explanation counts the drafts behind an acceptance measured on fewer than this
+SETTLED_STEPS = 1024       # steps of plain decoding, with nothing drafted or probed, once no draft could ever pay
+RECHECK_DRIFT = 0.25       # ... after which a probe re-times the draft if a plain step's cost moved this much
 
 
 @dataclass(frozen=True)
@@ -120,6 +130,7 @@ class Policy(ABC):
 
     name = "policy"
     adaptive = False  # whether K follows measurements (the loop then draws seeded sampled rows by coupling)
+    settled = False  # whether it decodes plainly without looking (AdaptivePolicy: Settling): the drafter is not asked
 
     def __init__(self, max_k: int, decay: float = DECAY):
         if not 0.0 < decay <= 1.0:
@@ -432,11 +443,20 @@ class AdaptivePolicy(Policy):
         self._plain_run, self._wait, self._probing = 0, PROBE_FIRST, False
         self._plain_time = 0.0  # seconds of plain steps since the last trial (probe or exploration)
         self._since_plain = 0  # steps since the last plain one
+        self._settled = 0  # plain steps left before costs are re-timed, once no draft could ever pay (Settling)
+        self._recheck = False  # a settled stretch just ended: the next plain step's choice is a probe
+        self._settled_at = (1, 1.0)  # the batch size and plain step cost when the policy settled
+        self.settles = 0
+
+    @property
+    def settled(self) -> bool:
+        """Whether the policy decodes plainly without looking: no draft could pay at the measured costs."""
+        return self._settled > 0
 
     def choose(self, rows: list[RowState], caps: list[int]) -> int:
         self.trial = False
         top = self._remember(rows, caps)
-        if top == 0:
+        if top == 0 or self._settled:
             return 0
         batch = len(rows)
         prior = self.batch_acceptance()
@@ -449,6 +469,11 @@ class AdaptivePolicy(Policy):
         if best > 0 and not self._repays_catch_up(rows, rates[0], rates[best]):
             best = 0
         self._speculating = best > 0
+        if best == 0 and not self._recheck and self._never_pays(top, batch):  # before exploring: no K could pay
+            self._settled, self._plain_run = SETTLED_STEPS, 0
+            self._settled_at = (batch, self.verify_cost(1, batch))
+            self.settles += 1
+            return 0
         self._restart_stale_plain_cost(batch)
         measured = self._verify.get(batch, {})
         untried = {k: tokens[k] / self._optimistic_time(k, batch) for k in range(top + 1)
@@ -462,11 +487,25 @@ class AdaptivePolicy(Policy):
             self._plain_run, self._wait = 0, PROBE_FIRST
             return best
         self._plain_run += 1
+        recheck, self._recheck = self._recheck, False
+        if recheck and affordable:  # a settled stretch is over: one probe re-times the draft and a verification
+            self._plain_run, self._probing, self.trial = 0, True, True
+            self.probes += 1
+            return 1
         if self._plain_run < self._wait or not affordable or not self._could_pay(caps, batch, rates[0]):
             return 0  # not yet, or not worth it: where no text could make a draft pay, probes are pure loss
         self._plain_run, self._probing, self.trial = 0, True, True
         self.probes += 1
         return max(range(1, top + 1), key=rates.__getitem__)  # the K most likely to pay
+
+    def summary(self) -> dict:
+        return {**super().summary(), "settles": self.settles, "settled": self.settled}
+
+    def _decision(self, steps: dict, total: int) -> str:
+        decision = super()._decision(steps, total)
+        if self.settled:
+            decision += "; no draft can pay at these costs even if all were kept, so nothing is drafted or probed"
+        return decision
 
     def _restart_stale_plain_cost(self, batch: int) -> None:
         """While it speculates only plain steps re-time a plain step, so its cost can date from other conditions
@@ -499,6 +538,24 @@ class AdaptivePolicy(Policy):
                 return True
         return False
 
+    def _never_pays(self, top: int, batch_size: int) -> bool:
+        """Whether a draft that is a model (not free) could not beat plain decoding even if every draft were kept,
+        at costs timed for this batch size: a draft step, and at least two forward sizes, 1 token among them, each
+        WARM_SAMPLES times. Beyond the largest timed n, v(n) follows the slope of the two largest (a forward does
+        not get cheaper per token as it grows on the machines that settle; a flat curve, a GPU's, never settles)."""
+        timed = {n: c.value for n, c in self._verify.get(batch_size, {}).items() if c.count >= WARM_SAMPLES}
+        draft = self._draft.get(batch_size)
+        if self._free_drafts or draft is None or draft.count < WARM_SAMPLES or 1 not in timed or len(timed) < 2:
+            return False
+        (lo, v_lo), (hi, v_hi) = sorted(timed.items())[-2:]
+        slope = max(0.0, (v_hi - v_lo) / (hi - lo))
+        for k in range(1, top + 1):
+            n = k + 1
+            verify = self.verify_cost(n, batch_size) if n <= hi else v_hi + slope * (n - hi)
+            if (k + 1) * timed[1] > k * draft.value + verify:
+                return False
+        return True
+
     def _optimistic_time(self, k: int, batch_size: int) -> float:
         """A lower bound on a step whose forward of n = k+1 tokens is unmeasured: no cheaper than a shorter
         forward, nor than 1/m of a longer one of m tokens (m forwards of one token cost more than one of m)."""
@@ -520,6 +577,12 @@ class AdaptivePolicy(Policy):
             scale_evidence([self.accepted, self.seen] + [c for r in rows for c in (r.accepted, r.seen)],
                            self.probe_forget)
         super().observe(rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted, free)
+        if self._settled:
+            self._settled -= 1
+            if not self._settled:  # re-time the costs with a probe only if the machine's speed has changed
+                batch, step = self._settled_at
+                self._recheck = abs(self.verify_cost(1, batch) / step - 1) > RECHECK_DRIFT
+                self._settled = 0 if self._recheck else SETTLED_STEPS
         self._plain_time = self._plain_time + verify_seconds if k == 0 else 0.0
         self._since_plain = 0 if k == 0 else self._since_plain + 1
         if paid:  # one row's probe is one noisy bit: confirm it at once

@@ -201,10 +201,9 @@ class BatchSampling:
 class RowGenerators:
     """One random stream per row, so that a row's tokens never depend on which other rows share its batch.
 
-    Row seeds are given per row (None: a fresh random seed). Each step a row draws its uniforms in one call, and
-    how many it draws depends only on its own K, never on the other rows. A coupled row (see BatchSampling) draws
-    no uniforms: a stream seeded like its generator gives one Gumbel noise vector per output position, in order,
-    kept until used.
+    Row seeds are given per row (None: fresh entropy). Each step a row draws its uniforms in one call, and how many
+    it draws depends only on its own K, never on the other rows. A coupled row (see BatchSampling) draws no
+    uniforms: its stream gives one Gumbel noise vector per output position, in order, kept until used.
     """
 
     def __init__(self, seeds: list[int | None], device=None, coupled: list[bool] | None = None,
@@ -212,34 +211,22 @@ class RowGenerators:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.coupled = [bool(c) for c in (coupled or [False] * len(seeds))]
         self.pending: list[list[torch.Tensor]] = [[] for _ in seeds]  # coupled rows' noise for coming positions
-        self.generators = []
-        for seed, index in zip(seeds, seed_indices or [0] * len(seeds)):
-            g = torch.Generator(device=self.device)
-            if seed is None:
-                g.seed()
-            else:
-                g.manual_seed(stream_seed(seed, index))
-            self.generators.append(g)
-        # A coupled row's noise stream, seeded like its generator: numpy's PCG64 draws and takes logs ~2.5x faster
-        # than torch's CPU generator, and a row draws a whole vocabulary per token.
-        self.streams = [np.random.Generator(np.random.PCG64(g.initial_seed())) if c else None
-                        for g, c in zip(self.generators, self.coupled)]
+        self.streams = [row_stream(seed, index) for seed, index in zip(seeds, seed_indices or [0] * len(seeds))]
 
     def __len__(self) -> int:
-        return len(self.generators)
+        return len(self.streams)
 
     def select(self, rows: list[int]) -> "RowGenerators":
         """These rows' streams (shared, not copied: a stream moves on wherever its row is) as a new object."""
-        return self._of([self.generators[r] for r in rows], [self.coupled[r] for r in rows],
-                        [self.pending[r] for r in rows], [self.streams[r] for r in rows])
+        return self._of([self.coupled[r] for r in rows], [self.pending[r] for r in rows],
+                        [self.streams[r] for r in rows])
 
     def extend(self, other: "RowGenerators") -> "RowGenerators":
-        return self._of(self.generators + other.generators, self.coupled + other.coupled,
-                        self.pending + other.pending, self.streams + other.streams)
+        return self._of(self.coupled + other.coupled, self.pending + other.pending, self.streams + other.streams)
 
-    def _of(self, generators, coupled, pending, streams) -> "RowGenerators":
+    def _of(self, coupled, pending, streams) -> "RowGenerators":
         out = RowGenerators([], self.device)
-        out.generators, out.coupled, out.pending, out.streams = generators, coupled, pending, streams
+        out.coupled, out.pending, out.streams = coupled, pending, streams
         return out
 
     def noise(self, positions: int, vocab: int) -> torch.Tensor | None:
@@ -292,22 +279,31 @@ class RowGenerators:
 
     def uniforms(self, counts: list[int]) -> torch.Tensor:
         """[B, max(counts)] uniforms in [0, 1): row b's first counts[b] entries come from its own stream."""
-        width = max(counts, default=0)
-        out = torch.zeros(len(counts), width, dtype=torch.float64, device=self.device)
-        for b, (g, n) in enumerate(zip(self.generators, counts)):
+        out = np.zeros((len(counts), max(counts, default=0)))
+        for b, (stream, n) in enumerate(zip(self.streams, counts)):
             if n:
-                out[b, :n] = torch.rand(n, generator=g, device=self.device, dtype=torch.float64)
-        return out
+                out[b, :n] = stream.random(n)
+        return torch.from_numpy(out).to(self.device)  # one copy to the device, whatever the batch
 
 
 def stream_seed(seed: int, index: int = 0) -> int:
-    """The random stream of row `index` of a request seeded with `seed`: numpy's SeedSequence mixes both, so two
+    """The 63-bit seed of row `index` of a request seeded with `seed`: numpy's SeedSequence mixes both, so two
     seeds never share a row's stream (an S + index rule would give seed S + 1's row 0 to seed S's row 1), and a
     request's row 0 is the same stream whether it runs alone or in any batch."""
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"a seed must be an integer >= 0, got {seed!r}")
     state = np.random.SeedSequence(entropy=seed, spawn_key=(index,)).generate_state(2, np.uint32)
-    return ((int(state[1]) << 32) | int(state[0])) & 0x7FFF_FFFF_FFFF_FFFF  # torch wants < 2**63 on every device
+    return ((int(state[1]) << 32) | int(state[0])) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def row_stream(seed: int | None, index: int = 0) -> np.random.Generator:
+    """The generator that draws every random number of a row (its uniforms, or its Gumbel noise when coupled), on
+    every device: numpy's PCG64 seeded with all 63 bits of stream_seed (PCG64 hashes them into its 128-bit state).
+    Not torch's generators: the CPU one (MT19937) keeps only the low 32 bits of a seed, so seeds 14375 and 53572
+    drew the same numbers; and a host stream makes a seed's draws the same on every device. PCG64 also draws and
+    takes logs ~2.5x faster than torch's CPU generator, and a coupled row draws a whole vocabulary per token.
+    None: fresh entropy from the OS (128 bits)."""
+    return np.random.Generator(np.random.PCG64(None if seed is None else stream_seed(seed, index)))
 
 
 def sample_with_uniforms(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

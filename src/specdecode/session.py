@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .backends.base import caches_prefixes, max_rows, pad, verifies_trees
+from .backends.base import caches_prefixes, max_rows, pad, tree_leaves, verifies_trees
 from .row_grammars import RowGrammars, with_forced
 from .detokenize import IncrementalDetokenizer, find_stop
 from .drafters import DraftContext, Proposal
@@ -157,6 +157,8 @@ class DecodingSession:
         self.prefix_cache = None if self.hidden_wanted else gen.prefix_cache
         self.shares_prompts = caches_prefixes(self.target) and not self.hidden_wanted
         self.trees = verifies_trees(self.target) and not self.hidden_wanted
+        if self.trees and self.drafter is not None:  # a row's tree fits whatever the other rows' trees
+            self.drafter.limit_tree_leaves(tree_leaves(self.target))
         max_k = self.policy.max_k
         self.stats = Stats(num_speculative_tokens=max_k, accepted_per_position=[0] * max_k,
                            proposed_per_position=[0] * max_k, policy="auto" if self.policy.adaptive else "fixed")
@@ -393,6 +395,11 @@ class DecodingSession:
         widest = max([self.policy.max_k] + [r.fixed_k or 0 for r in rows])
         if self.drafter is None or widest == 0 or max(caps) <= 0:
             return [0] * len(rows), False
+        if self.policy.settled and not any(r.fixed_k for r in rows):
+            return [0] * len(rows), False  # no draft can pay here (policy.py, Settling): the drafter is not asked
+        # each row drafts at its own K (and what it has left), never at the batch's widest: its drafts, and so its
+        # seeded text, must not depend on the other rows
+        self.drafter.own_k([min(c, self.policy.max_k if r.fixed_k is None else r.fixed_k) for r, c in zip(rows, caps)])
         caps = [min(c, d) for c, d in zip(caps, self.drafter.max_drafts(widest))]
         free = self.drafter.drafts_free()  # drafts that run no model are priced free
         classes = self.drafter.draft_classes()  # None for a drafter without classes

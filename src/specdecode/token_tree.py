@@ -33,6 +33,14 @@ def chain(k: int) -> list[int]:
     return list(range(-1, k - 1))
 
 
+def padded(parents: list[int], width: int) -> list[int]:
+    """A row's tree with nodes up to `width`: the padding (drafts past its num_drafts, never verified) continues
+    the last node as a chain (starts one below the root when the row has none), so it adds no leaf. On llama.cpp each
+    leaf takes a sequence: padding below the root took one per node, and a batch whose rows had few real nodes ran
+    out of spare sequences."""
+    return list(parents) + list(range(len(parents) - 1, width - 1))
+
+
 def depths(parents: list[int]) -> list[int]:
     """Depth of each node: 1 below the root."""
     out: list[int] = []

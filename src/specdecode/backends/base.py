@@ -86,10 +86,17 @@ class TokenTrees(Protocol):
     def keep_paths(self, paths: list[list[int]]) -> None:
         """Row b keeps the nodes paths[b] (a root-to-node path, in order) of the last tree and forgets the others."""
 
+    # Optional: tree_leaves (int), the most leaves a row's tree may have whatever the other rows' trees (llama.cpp:
+    # each leaf past the first takes a spare sequence); read through tree_leaves() below, None when absent.
+
 
 def verifies_trees(backend) -> bool:
     return all(callable(getattr(backend, name, None)) for name in ("forward_tree", "keep_paths")) and \
         bool(backend.supports_trees)
+
+
+def tree_leaves(backend) -> int | None:
+    return getattr(backend, "tree_leaves", None)
 
 
 def caches_prefixes(backend) -> bool:

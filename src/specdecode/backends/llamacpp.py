@@ -233,6 +233,13 @@ class LlamaCppBackend:
     def supports_trees(self) -> bool:
         return bool(self._shared.tree_seqs)
 
+    @property
+    def tree_leaves(self) -> int:
+        """The leaves a row's tree may have whatever the other rows' trees: each leaf past its first takes a spare
+        sequence, each row may hold one in the exact mode (_Context.hold), and one stays free."""
+        rows, spare = self._shared.n_seq, len(self._shared.tree_seqs)
+        return 1 + max(0, (spare - 1 - rows) // rows)
+
     def forward_tree(self, input_ids: torch.Tensor, parents: list[list[int]]) -> torch.Tensor:
         """Logits [B, N+1, V] of a tree step: row b's last token (the root) and its N nodes, parents[b] their tree.
         Each leaf gets a sequence (the row's own for the first, spare ones for the others, holding the row's
@@ -248,8 +255,10 @@ class LlamaCppBackend:
             kids = children(list(par))
             leaves = [i for i in range(len(par)) if not kids[i + 1]]
             if len(leaves) - 1 > len(spare) - 1:  # one stays free for the exact mode's held cells
-                raise ValueError(f"a token tree of {len(leaves)} leaves per row needs more spare sequences than "
-                                 f"this llama.cpp context has ({len(self._shared.tree_seqs)}): lower K or max_rows")
+                raise ValueError(f"row {b}'s token tree has {len(leaves)} leaves: with the rows before it that needs "
+                                 f"more spare sequences than this llama.cpp context has left ({len(spare)} of "
+                                 f"{len(self._shared.tree_seqs)}); trees of at most tree_leaves={self.tree_leaves} "
+                                 f"leaves per row always fit: lower K or the tree width, or max_rows")
             own = self._seqs[b]
             leaf_seq = {i: own if j == 0 else spare.pop() for j, i in enumerate(leaves)}
             temps = [t for t in leaf_seq.values() if t != own]

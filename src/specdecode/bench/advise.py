@@ -43,6 +43,7 @@ from typing import Callable
 
 import torch
 
+from ..draft_choice import DraftCosts, choose_draft, machine_name
 from ..drafters import ModelDrafter, PromptLookupDrafter, SuffixDrafter, SuffixModelDrafter
 from ..engine import AutoregressiveGenerator, SpeculativeGenerator
 from ..policy import expected_tokens
@@ -195,7 +196,20 @@ def advise(target, draft, prompt_ids: list[list[int]], max_new_tokens: int = 64,
         "skipped": skipped,
         "roofline": roof,
         "recommendation": recommend(reports, roof, verify),
+        "draft_auto": draft_auto(draft_costs, verify, costs["target_step_ms"]),
     }
+
+
+def draft_auto(draft_costs: dict | None, verify: dict[int, float], target_step_ms: float) -> dict | None:
+    """What `--draft auto` decides from these costs (draft_choice.choose_draft, the same arithmetic), and the
+    costs as it records them; None without a draft model."""
+    if draft_costs is None:
+        return None
+    costs = DraftCosts(draft_costs["cost"].step, dict(verify), target_step_ms, datetime.date.today().isoformat(),
+                       machine_name())
+    choice = choose_draft("MODEL", costs)
+    return {"draft": choice.draft, "model_can_pay": choice.uses_model, "text": choice.reason,
+            "costs": costs.to_dict()}
 
 
 class _Runs:

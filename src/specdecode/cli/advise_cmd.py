@@ -66,10 +66,23 @@ def advise(
                                 opts.method, measure, cost_repeats, progress)
         report["config"].update(target=opts.target, draft=opts.draft if opts.has_draft else None, prompts=prompts,
                                 chat=chat, backend=backend_name(target_model), threads=opts.threads)
+        _record_auto_costs(opts, report.get("draft_auto"))
         if json_out:
             sys.stdout.write(json.dumps(_clean(report), ensure_ascii=False) + "\n")
         else:
             _print(report)
+
+
+def _record_auto_costs(opts: ModelOptions, auto: dict | None) -> None:
+    """The draft model's measured costs become --draft auto's record for this pair on this machine, so generate,
+    serve and bench decide as advise says."""
+    from ..draft_choice import DraftCosts, save_costs
+    from ..pair import auto_cost_key
+
+    if auto is not None and opts.draft_model is not None:
+        save_costs(auto_cost_key(opts, opts.draft_model), DraftCosts.from_dict(auto["costs"]))
+        auto["text"] = auto["text"].replace("MODEL", opts.draft_model)
+        auto["draft"] = auto["draft"].replace("MODEL", opts.draft_model)
 
 
 @contextlib.contextmanager
@@ -146,3 +159,8 @@ def _print(report: dict) -> None:
     roof = report["roofline"]
     out.print(f"roofline (every draft kept, drafts free): {roof['speedup']:.2f}× at K={roof['k']}")
     out.print(f"[bold]recommendation[/]: {report['recommendation']['text']}", soft_wrap=True)
+    if report.get("draft_auto"):
+        from rich.markup import escape
+
+        auto = report["draft_auto"]
+        out.print(f"[bold]--draft auto[/] here: {escape(auto['draft'])} ({escape(auto['text'])})", soft_wrap=True)

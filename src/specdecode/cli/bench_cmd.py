@@ -19,19 +19,21 @@ from .app import app
 from .bench_latency_cmd import latency
 from .bench_output import float_list, fmt, int_list, load_prompt_set, quiet, rate, write_json
 from .bench_serve_cmd import bench_serve
+from .bench_soak_cmd import bench_soak
 from .common import CLIError, backend_name, err, load_pair, out, progress_bar, user_errors
-from .options import ModelOptions, model_options
+from .options import AUTO_DRAFT, ModelOptions, model_options
 
 bench_app = typer.Typer()  # its help is the docstring of bench() below
 app.add_typer(bench_app, name="bench")
 bench_app.command("latency")(latency)
 bench_app.command("serve")(bench_serve)
+bench_app.command("soak")(bench_soak)
 
 from . import bench_eval_cmd, bench_verify_cmd  # noqa: E402,F401  (they register `eval` and `verify` on app)
 
 
 @bench_app.callback(invoke_without_command=True)
-@model_options(k_default="auto", k_list=True)
+@model_options(k_default="auto", k_list=True, draft_default=AUTO_DRAFT)
 def bench(
     ctx: typer.Context,
     prompts: str = typer.Option("code", "--prompts", help="Prompt set: code, prose, edit, json (built in; json: "

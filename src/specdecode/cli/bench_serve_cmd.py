@@ -7,13 +7,13 @@ workloads) and specdecode.bench.serve_edit (iterative editing); this module only
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from .common import CLIError, out, user_errors
 
-WORKLOADS = ("completions", "multi-turn", "shared-system", "edit")
+WORKLOADS = ("completions", "multi-turn", "shared-system", "edit", "agent")
 
 
 def bench_serve(
@@ -27,7 +27,17 @@ def bench_serve(
                                  "code edits, each turn sent with the server's speculation and then as plain "
                                  "decoding (num_speculative_tokens 0), in that order: the decode rates, their "
                                  "ratio, and whether the texts match (start the server afresh for each run: a "
-                                 "suffix draft remembers earlier answers)."),
+                                 "suffix draft remembers earlier answers); agent: tool-using coding sessions "
+                                 "through the OpenAI client (list, read and rewrite files), on each --server, "
+                                 "as plain decoding, and with llama-cpp-python's function calling (--peer-gguf)."),
+    server: Optional[List[str]] = typer.Option(None, "--server", help="agent: one of our servers as NAME=URL "
+                                               "(repeatable; default: ours=--url). The first one also runs the "
+                                               "plain sessions (num_speculative_tokens 0)."),
+    peer_gguf: Optional[str] = typer.Option(None, "--peer-gguf", help="agent: also run llama-cpp-python's own "
+                                            "function calling, in process, on this GGUF (a path or a built-in "
+                                            "model name, e.g. qwen2.5-coder-1.5b-instruct)."),
+    plain: bool = typer.Option(True, "--plain/--no-plain", help="agent: also run the plain sessions."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="agent: the peer's threads (default: as ours)."),
     prompts: Optional[str] = typer.Option(None, "--prompts", help="Prompt set: code, prose, edit (built in), or a "
                                           "file. Default: code; the chat workloads' user messages default to "
                                           "built-in code-review questions; edit: the edit set."),
@@ -38,8 +48,10 @@ def bench_serve(
                                               "Default 8 unless --rate is given (shared-system: 4)."),
     conversations: Optional[int] = typer.Option(None, "--conversations", help="multi-turn: chats running at "
                                                 "once (default 4)."),
-    turns: Optional[int] = typer.Option(None, "--turns", help="multi-turn: turns of each chat (default 5)."),
-    nb_prompts: Optional[int] = typer.Option(None, "--nb-prompts", help="edit: only the first N prompts."),
+    turns: Optional[int] = typer.Option(None, "--turns", help="multi-turn: turns of each chat (default 5); "
+                                        "agent: most turns of a session (default 5)."),
+    nb_prompts: Optional[int] = typer.Option(None, "--nb-prompts", help="edit, agent: only the first N prompts "
+                                             "(tasks)."),
     follow_up: Optional[str] = typer.Option(None, "--follow-up", help="edit: turn 2's user message (default: add "
                                             "a one-line docstring to every function and output the whole code "
                                             "again)."),
@@ -76,7 +88,8 @@ def bench_serve(
             raise CLIError(f"--workload {workload!r}: use one of {', '.join(WORKLOADS)}")
         given = {"--conversations": conversations, "--turns": turns, "--system-prompt": system_prompt,
                  "--rate": rate, "--plot": plot, "--num-requests": num_requests, "--concurrency": concurrency,
-                 "--nb-prompts": nb_prompts, "--follow-up": follow_up, "-k": k, "--min-max-tokens": min_max_tokens}
+                 "--nb-prompts": nb_prompts, "--follow-up": follow_up, "-k": k, "--min-max-tokens": min_max_tokens,
+                 "--server": server, "--peer-gguf": peer_gguf, "--threads": threads}
         _check_options(workload, given)
         common = dict(url=url, temperature=temperature, model=model, api_key=api_key, timeout_s=timeout,
                       duration_s=duration)
@@ -85,6 +98,8 @@ def bench_serve(
         if workload == "completions":
             _run_completions(common, prompts or "code", num_requests or 100, concurrency, rate, seed, json_path,
                              plot, min_max_tokens)
+        elif workload == "agent":
+            _run_agent(common, server or [f"ours={url}"], peer_gguf, plain, threads, nb_prompts, turns, json_path)
         elif workload == "edit":
             from ..bench.serve_edit import EditBenchSettings, bench_edit
 
@@ -128,7 +143,8 @@ def _run_completions(common: dict, prompts: str, num_requests: int, concurrency:
 _APPLIES = {"completions": {"--rate", "--plot", "--num-requests", "--concurrency", "--min-max-tokens"},
             "multi-turn": {"--conversations", "--turns", "--system-prompt"},
             "shared-system": {"--system-prompt", "--num-requests", "--concurrency"},
-            "edit": {"--nb-prompts", "--follow-up", "-k"}}
+            "edit": {"--nb-prompts", "--follow-up", "-k"},
+            "agent": {"--nb-prompts", "--turns", "--server", "--peer-gguf", "--threads"}}
 
 
 def _check_options(workload: str, given: dict) -> None:
@@ -137,6 +153,67 @@ def _check_options(workload: str, given: dict) -> None:
             raise CLIError(f"{flag} does not apply to --workload {workload}")
     if given["--concurrency"] is not None and given["--rate"] is not None:
         raise CLIError("give --concurrency or --rate, not both")
+
+
+def _run_agent(common: dict, servers: list[str], peer_gguf: Optional[str], plain: bool, threads: Optional[int],
+               nb_tasks: Optional[int], turns: Optional[int], json_path: Optional[str]) -> None:
+    from ..bench.llamacpp_peers import gguf_file
+    from ..bench.serve import write_report
+    from ..bench.serve_agent import AgentBenchSettings, bench_agent
+
+    pairs = []
+    for item in servers:
+        name, sep, address = item.partition("=")
+        if not sep or not name or not address:
+            raise CLIError(f"--server {item!r}: write NAME=URL, e.g. suffix=http://127.0.0.1:8001")
+        pairs.append((name, address))
+    gguf = None
+    if peer_gguf is not None:
+        gguf = gguf_file(peer_gguf)
+        if gguf is None:
+            raise CLIError(f"--peer-gguf {peer_gguf!r}: not a .gguf file nor an installed built-in GGUF model")
+    sizes = {"max_turns": turns, "nb_tasks": nb_tasks, "max_tokens": common.get("max_tokens")}
+    settings = AgentBenchSettings(servers=pairs, plain=plain, peer_gguf=None if gguf is None else str(gguf),
+                                  peer_threads=threads, model=common["model"], api_key=common["api_key"],
+                                  timeout_s=common["timeout_s"], **{k: v for k, v in sizes.items() if v is not None})
+    report = bench_agent(settings)
+    _print_agent(report)
+    if json_path:
+        write_report(report, json_path)
+        out.print(f"report: {json_path}")
+    if report["succeeded"] == 0:
+        raise CLIError(f"no request succeeded: {report['errors'][:3]}")
+
+
+def _print_agent(report: dict) -> None:
+    from rich.table import Table
+
+    out.print(f"agent: {report['succeeded']}/{report['requests']} turns succeeded in {report['wall_s']:.1f} s "
+              f"({len(report['config']['tasks'])} tasks)")
+    table = Table(title="per turn (medians over tasks)", title_justify="left")
+    for column in ("turn", "tool_choice", "method", "tokens", "decode tok/s", "latency"):
+        table.add_column(column, justify="left" if column in ("tool_choice", "method") else "right")
+    for row in report["turns"]:
+        table.add_row(str(row["turn"]), row["tool_choice"], row["method"], str(row["output_tokens"]),
+                      _num(row["median_decode_tokens_per_s"], 1), _ms(row["median_latency_s"]))
+    out.print(table)
+    totals = Table(title="per method", title_justify="left")
+    for column in ("method", "tokens", "calls", "invalid", "sessions' time", "decode tok/s", "decode vs plain",
+                   "time vs peer"):
+        totals.add_column(column, justify="left" if column == "method" else "right")
+    for name, t in report["methods"].items():
+        s = report["speedups"][name]
+        totals.add_row(name, str(t["output_tokens"]), str(t["calls"]), str(t["invalid_calls"]),
+                       f"{t['end_to_end_s']:.1f} s", _num(t["decode_tokens_per_s"], 1),
+                       _times(s["decode_vs_plain"]), _times(s["session_time_vs_peer"]))
+    out.print(totals)
+    same = report["same_text"]
+    if same["reference"]:
+        out.print(f"same text and calls as {same['reference']}: {same['checked'] - len(same['differences'])}/"
+                  f"{same['checked']} turns" + (f"; differ: {', '.join(same['differences'])}"
+                                                 if same["differences"] else ""))
+    for line in report["invalid_calls"] + report["errors"]:
+        out.print(f"  {line}", markup=False)
 
 
 def _chat_sizes(given: dict) -> dict:

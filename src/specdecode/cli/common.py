@@ -102,7 +102,7 @@ def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] 
     rows: rows decoded at once (a server's --max-batch-size).
     """
     from ..pair import (LOOKUP_DRAFTS, check_options, draft_prepared_alongside, load_draft, load_draft_model,
-                        load_target, with_suffix)
+                        load_target, resolve_auto_draft, with_suffix)
 
     check_options(opts)
     quiet_transformers()
@@ -114,9 +114,16 @@ def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] 
         target = load_target(opts, rows, progress)
     if announce:
         _announce("target", opts.target, target, time.perf_counter() - start)
+    with prepare_progress(not quiet) as progress:
+        choice, model = resolve_auto_draft(opts, target, rows, progress, measuring=lambda: status(
+            "--draft auto: timing the draft model against the target, once on this machine"))
+    if choice is not None and not quiet:  # the first output names what auto chose, and why
+        err.print(f"draft: {choice.line()}", markup=False, soft_wrap=True)
+    if model is not None:
+        return target, with_suffix(opts, model)
     if not opts.has_draft or opts.draft_is_lookup:  # nothing to load
         draft = load_draft(opts, rows)
-        if announce and draft is not None:
+        if announce and draft is not None and choice is None:
             err.print(f"draft: {LOOKUP_DRAFTS[opts.draft.lower()]}", markup=False)
         return target, draft
     start = time.perf_counter()

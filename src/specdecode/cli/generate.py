@@ -11,7 +11,8 @@ import typer
 from .app import app
 from .common import (PROVENANCE_STYLES, check_generation_args, chat_ids, err, legend, load_pair, make_generator,
                      progress_bar, read_prompts, stats_table, use_color, user_errors)
-from .options import ModelOptions, SamplingOptions, model_options, sampling_options
+from .structure import check_logprobs, logprobs_table, read_structure, token_text
+from .options import AUTO_DRAFT, ModelOptions, SamplingOptions, model_options, sampling_options
 
 
 def _sgr(style: str):
@@ -100,7 +101,7 @@ class _OrderedPrinter:
 
 
 @app.command()
-@model_options(k_default="auto")
+@model_options(k_default="auto", draft_default=AUTO_DRAFT)
 @sampling_options(temperature=0.0, help={"seed": "Seed for sampling; prompt i of --prompts-file draws the "
                                                  "stream (seed, i), whatever the batch size."})
 def generate(
@@ -124,8 +125,17 @@ def generate(
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Print text as it is decided, or all at "
                                 "the end."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object per prompt and line: prompt, text, "
-                                  "token_ids, finish_reason, provenance, batch, stats. stats are those of the "
-                                  "batch call the prompt was decoded in (summed over its rows)."),
+                                  "token_ids, finish_reason, provenance, batch, stats (and logprobs with "
+                                  "--logprobs). stats are those of the batch call the prompt was decoded in "
+                                  "(summed over its rows)."),
+    json_schema: Optional[str] = typer.Option(None, "--json-schema", help="A JSON schema file: the output is "
+                                              "JSON valid under it (masks on target and draft, exact)."),
+    grammar: Optional[str] = typer.Option(None, "--grammar", help="A Lark grammar file (as llguidance reads "
+                                          "it): the output follows it."),
+    regex: Optional[str] = typer.Option(None, "--regex", help="A regular expression the whole output matches."),
+    logprobs: Optional[int] = typer.Option(None, "--logprobs", help="Report each new token's log-probability "
+                                           "and the N most likely tokens at its position (0..20): a table on "
+                                           "stderr, or logprobs/top_logprobs in --json."),
     sampling: SamplingOptions = None,
     opts: ModelOptions = None,
 ) -> None:
@@ -135,6 +145,8 @@ def generate(
     """
     with user_errors():
         check_generation_args(max_new_tokens, stop=stop, batch_size=batch_size)
+        structure = read_structure(json_schema, grammar, regex)
+        check_logprobs(logprobs)
         prompts = read_prompts(prompt, prompts_file)
         target_model, draft_model = load_pair(opts, quiet=json_out and not err.is_terminal,
                                               announce=verbose or None)
@@ -147,7 +159,7 @@ def generate(
         if verbose and not json_out:
             err.print(legend(), soft_wrap=True)
         kwargs = dict(max_new_tokens=max_new_tokens, **sampling.generation_kwargs(), ignore_eos=ignore_eos,
-                      stop=stop or None)
+                      stop=stop or None, **structure, return_logprobs=logprobs)
         seed = sampling.seed
         results = []
         with progress_bar(len(prompts), "generating", enabled=not live and len(prompts) > 1) as advance:
@@ -157,10 +169,12 @@ def generate(
                 result = _decode(gen, inputs[start:start + batch_size], start, printer, advance,
                                  seed=None if seed is None else [(seed, start + j) for j in range(rows)], **kwargs)
                 results.append(result)
-                if json_out:
-                    for row in range(len(result.token_ids)):
-                        _write(json.dumps(_record(prompts[start + row], start + row, b, result, row),
+                for row in range(len(result.token_ids)):
+                    if json_out:
+                        _write(json.dumps(_record(prompts[start + row], start + row, b, result, row, gen.tokenizer),
                                           ensure_ascii=False) + "\n")
+                    elif logprobs is not None:
+                        err.print(logprobs_table(result, row, gen.tokenizer, title=f"logprobs, prompt {start + row + 1}"))
         if verbose:
             from ..bench.stats import merge_stats
 
@@ -171,7 +185,8 @@ def generate(
             err.print(stats_table(total, title=f"statistics ({mode})", provenance=provenance))
             explanation = total.policy_summary.get("explanation")
             if draft_model is not None and explanation:  # what the policy measured and decided, in its own words
-                err.print(f"policy: {explanation}", markup=False, soft_wrap=True)
+                chosen = f"draft {opts.draft_choice.line()}; " if opts.draft_choice is not None else ""
+                err.print(f"policy: {chosen}{explanation}", markup=False, soft_wrap=True)
 
 
 def _decode(gen, batch: list, start: int, printer: _OrderedPrinter | None, advance, **kwargs):
@@ -188,8 +203,8 @@ def _decode(gen, batch: list, start: int, printer: _OrderedPrinter | None, advan
     return token_stream.result
 
 
-def _record(prompt: str, index: int, batch: int, result, row: int) -> dict:
-    return {
+def _record(prompt: str, index: int, batch: int, result, row: int, tokenizer=None) -> dict:
+    record = {
         "index": index,
         "prompt": prompt,
         "text": result.texts[row] if result.texts is not None else None,
@@ -199,3 +214,8 @@ def _record(prompt: str, index: int, batch: int, result, row: int) -> dict:
         "batch": batch,
         "stats": result.stats.to_dict(),
     }
+    if result.logprobs is not None and result.logprobs[row] is not None:
+        record["logprobs"] = result.logprobs[row]
+        record["top_logprobs"] = [[{"token_id": t, "token": token_text(tokenizer, t), "logprob": lp} for t, lp in top]
+                                  for top in result.top_logprobs[row]]
+    return record

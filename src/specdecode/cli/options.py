@@ -21,7 +21,7 @@ import typer
 from ..backends import backend_help
 from .console import FLAGS, CLIError, flag, user_errors  # noqa: F401  (CLIError, FLAGS: where callers have found them)
 from ..pair import DEFAULT_DRAFT, DEFAULT_TARGET, ModelOptions, parse_k, parse_k_list  # noqa: F401  (re-exported)
-from ..pair import DEFAULT_SUFFIX_HISTORY_TOKENS
+from ..pair import AUTO_DRAFT, DEFAULT_SUFFIX_HISTORY_TOKENS  # noqa: F401  (AUTO_DRAFT: the commands' default)
 from ..speculation import AUTO
 
 PANEL = "Models and speculation"
@@ -33,7 +33,7 @@ def _backend_help() -> str:
     return f"How the models run: {listed}, or auto (a backend that claims the model, transformers otherwise)."
 
 
-def _model_declarations(k_default: str, k_list: bool) -> dict:
+def _model_declarations(k_default: str, k_list: bool, draft_default: str = DEFAULT_DRAFT) -> dict:
     """field name -> (annotation, typer.Option), in the order the help lists them."""
     k_help = ("Draft tokens per verification: auto (the engine adapts it step by step), a number (0: plain "
               "decoding with the draft loaded)" + ("; a comma list (auto,2,4) compares them." if k_list else "."))
@@ -41,8 +41,10 @@ def _model_declarations(k_default: str, k_list: bool) -> dict:
     return {
         "target": (str, option(DEFAULT_TARGET, "--target", "-t", help="Target model: a built-in name, an HF "
                                 "directory, a .gguf file, or a hub id in the local HF cache.")),
-        "draft": (str, option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model (same kinds as --target); "
-                               "'prompt-lookup' to draft by copying from the context (no second model); "
+        "draft": (str, option(draft_default, "--draft", "-d", help="'auto': decide from the draft model's costs "
+                               "measured on this machine whether it can pay (then suffix+MODEL), else draft with "
+                               "what costs nothing (suffix) and never load it; a draft model (same kinds as "
+                               "--target); 'prompt-lookup' to draft by copying from the context (no second model); "
                                "'suffix' to copy from the context and earlier requests (no second model); "
                                "'suffix+MODEL' to copy where the suffix index is confident and draft with MODEL "
                                "elsewhere; 'none' for plain decoding of the target.")),
@@ -81,13 +83,14 @@ def _model_declarations(k_default: str, k_list: bool) -> dict:
     }
 
 
-def model_options(k_default: str = AUTO, k_list: bool = False):
+def model_options(k_default: str = AUTO, k_list: bool = False, draft_default: str = DEFAULT_DRAFT):
     """Give a Typer command the shared model options in place of its `opts: ModelOptions` parameter.
 
     k_default: the default of -k ("auto" or a number); k_list: -k takes a comma list (read it with opts.k_values).
-    -k is parsed before the command runs.
+    -k is parsed before the command runs. draft_default: AUTO_DRAFT where the command decodes (generate, serve,
+    bench); the draft model where it studies the draft (compare, advise, bench verify/eval/latency).
     """
-    declared = _model_declarations(k_default, k_list)
+    declared = _model_declarations(k_default, k_list, draft_default)
     assert set(declared) == {f.name for f in fields(ModelOptions)}, "every ModelOptions field needs an option"
 
     def build(values: dict) -> ModelOptions:

@@ -9,11 +9,11 @@ import typer
 
 from .app import app
 from .common import CLIError, load_pair, make_generator, user_errors
-from .options import AUTO, ModelOptions, model_options
+from .options import AUTO, AUTO_DRAFT, ModelOptions, model_options
 
 
 @app.command("serve")
-@model_options(k_default=AUTO)
+@model_options(k_default=AUTO, draft_default=AUTO_DRAFT)
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind. The default answers only this "
                              "machine; binding another address without --api-key exposes the model to the network."),
@@ -54,6 +54,9 @@ def serve(
                                               "(e.g. ray://head:10001 or auto); default: start a local one."),
     ray_num_cpus: Optional[int] = typer.Option(None, "--ray-num-cpus", help="With --ray and no address: CPUs of "
                                                "the local Ray instance (default: all)."),
+    routing: Optional[str] = typer.Option(None, "--routing", help="With --ray: affinity (default: a conversation's "
+                                          "turns go to the replica holding its prefix cache and suffix history, "
+                                          "under a load bound) or load (the least loaded replica)."),
     opts: ModelOptions = None,
 ) -> None:
     """Serve the target (sped up by the draft) over an OpenAI-compatible HTTP API.
@@ -68,8 +71,9 @@ def serve(
         log_config(log_level)  # checks the level before anything loads
         if not 0 <= port <= 65535:
             raise CLIError(f"--port must be between 0 and 65535, got {port}")
-        if not ray and (replicas is not None or autoscale is not None or ray_address or ray_num_cpus is not None):
-            raise CLIError("--replicas, --autoscale, --ray-address and --ray-num-cpus need --ray")
+        if not ray and (replicas is not None or autoscale is not None or ray_address or ray_num_cpus is not None
+                        or routing is not None):
+            raise CLIError("--replicas, --autoscale, --ray-address, --ray-num-cpus and --routing need --ray")
         settings = ServerSettings(max_batch_size=max_batch_size, max_queue=max_queue,
                                   max_tokens_limit=max_tokens_limit, request_timeout=request_timeout,
                                   api_key=api_key, served_model_names=tuple(served_model_name or ()),
@@ -77,9 +81,12 @@ def serve(
                                   prefill_tokens_per_step=prefill_tokens_per_step, static_batching=static_batching,
                                   prefix_cache_tokens=prefix_cache_tokens, prefix_cache_rows=prefix_cache_rows)
         if ray:
-            _serve_with_ray(opts, settings, host, port, ray_address, ray_num_cpus, replicas, autoscale)
+            _serve_with_ray(opts, settings, host, port, ray_address, ray_num_cpus, replicas, autoscale,
+                            routing or "affinity")
             return
         target_model, draft_model = load_pair(opts, announce=True, rows=settings.model_rows)
+        if opts.draft_choice is not None:  # --draft auto: the draft it chose is the one the server names
+            settings.draft_name = _display_name(opts.draft)
         if target_model.tokenizer is None:
             raise CLIError(f"{opts.target} has no tokenizer: the server takes text and returns text")
         generator = make_generator(target_model, draft_model, opts.num_speculative_tokens, opts.method)
@@ -91,14 +98,17 @@ def serve(
 
 
 def _serve_with_ray(opts: ModelOptions, settings, host: str, port: int, address: Optional[str],
-                    num_cpus: Optional[int], replicas: Optional[int], autoscale: Optional[str]) -> None:
+                    num_cpus: Optional[int], replicas: Optional[int], autoscale: Optional[str],
+                    routing: str = "affinity") -> None:
     """The same app as a Ray Serve deployment: each replica loads the models itself (one thread unless
     --threads says otherwise), so nothing is loaded here; the deployment options are checked before Ray starts."""
     import logging.config
 
-    from ..server.ray_serve import deployment_options, parse_autoscale, replica_config, serve_with_ray
+    from ..server.ray_serve import ROUTING_POLICIES, deployment_options, parse_autoscale, replica_config, serve_with_ray
     from ..server.run import log_config
 
+    if routing not in ROUTING_POLICIES:
+        raise CLIError(f"--routing takes {' or '.join(ROUTING_POLICIES)}, got {routing!r}")
     opts.threads = opts.threads or 1
     scale = parse_autoscale(autoscale) if autoscale is not None else None
     options = deployment_options(replicas, scale, settings, cpus_per_replica=opts.threads)
@@ -108,7 +118,8 @@ def _serve_with_ray(opts: ModelOptions, settings, host: str, port: int, address:
         raise CLIError("--ray needs Ray Serve: pip install 'specdecode[ray]'") from None
     logging.config.dictConfig(log_config("info"))
     config = replica_config(opts, settings, _display_name(opts.target))
-    serve_with_ray(config, options, host=host, port=port, address=address, num_cpus=num_cpus, settings=settings)
+    serve_with_ray(config, options, host=host, port=port, address=address, num_cpus=num_cpus, settings=settings,
+                   routing=routing)
 
 
 def _display_name(name: str) -> str:

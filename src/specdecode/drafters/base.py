@@ -170,6 +170,16 @@ class Drafter:
         """Whether this step's proposal may be a token tree (the target can verify one and no row is
         constrained); a drafter that only proposes chains ignores it."""
 
+    def limit_tree_leaves(self, leaves: int | None) -> None:
+        """The most leaves a row's token tree may have, whatever the other rows' trees (the target's tree_leaves:
+        on llama.cpp each leaf takes a spare sequence); None: no limit. A drafter that only proposes chains ignores
+        it."""
+
+    def own_k(self, ks: list[int]) -> None:
+        """Before max_drafts: each row's own K this step (its fixed K, else the policy's largest). A drafter whose
+        drafts depend on K (the suffix drafter's choice of source) drafts each row at its own K, never at the
+        batch's widest, so that a row's drafts, and so its seeded text, never depend on the other rows."""
+
     def limit_catch_up(self) -> None:
         """Bound the backlog a probe feeds to catch_up_window tokens per row (only q changes: still exact)."""
 

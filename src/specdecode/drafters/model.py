@@ -9,6 +9,7 @@ import torch
 from ..backends.base import ModelBackend, caches_prefixes, pad
 from ..prefix_cache import PrefixCache, common_prefix
 from ..sampling import sample_with_uniforms
+from ..token_tree import padded
 from .base import DraftContext, Drafter, Proposal
 
 
@@ -36,6 +37,7 @@ class ModelDrafter(Drafter):
         if isinstance(tree_width, bool) or not isinstance(tree_width, int) or not 1 <= tree_width <= 16:
             raise ValueError(f"tree_width must be an integer 1..16 (1: chains), got {tree_width!r}")
         self.tree_width = tree_width
+        self.max_leaves = tree_width  # leaves a row's tree may have: the chain and its siblings (limit_tree_leaves)
         self._trees = False
         self._chain: list[list[int]] = []  # the chain of the last tree proposal, per row (what the cache saw)
         self.backend = backend
@@ -99,6 +101,9 @@ class ModelDrafter(Drafter):
     def max_drafts(self, k: int) -> list[int]:
         return [k] * len(self._pending)
 
+    def limit_tree_leaves(self, leaves: int | None) -> None:
+        self.max_leaves = self.tree_width if leaves is None else max(1, min(leaves, self.tree_width))
+
     def use_trees(self, allowed: bool) -> None:
         self._trees = allowed and self.tree_width > 1
 
@@ -130,7 +135,7 @@ class ModelDrafter(Drafter):
         self._fed = [n + len(p) for n, p in zip(self.backend.lengths, self._pending)]
         # Right padding: the new tokens sit right after each row's cached ones (exact for sliding windows too).
         ids, valid = pad(self._pending, self.backend.device, side="right")
-        siblings = min(self.tree_width - 1, k - 1) if self._trees else 0
+        siblings = min(self.tree_width - 1, k - 1, self.max_leaves - 1) if self._trees else 0
         tokens, probs, token, first = [], [], None, None
         sampled = context.sampled_index
         for i in range(k - siblings):
@@ -167,7 +172,7 @@ class ModelDrafter(Drafter):
             nodes = mine + others
             pad_to = chain.shape[1] + siblings
             rows.append(nodes + [nodes[-1] if nodes else 0] * (pad_to - len(nodes)))
-            parents.append(list(range(-1, len(mine) - 1)) + [-1] * (pad_to - len(mine)))
+            parents.append(padded(list(range(-1, len(mine) - 1)) + [-1] * len(others), pad_to))
             self._chain.append(mine)
         return Proposal(torch.tensor(rows, dtype=torch.long), None, self.catch_up_s,
                         self.catch_up_tokens if self.catch_up_s else 0, clean=clean, parents=parents)
@@ -178,8 +183,9 @@ class ModelDrafter(Drafter):
             for h, e in zip(self._history, emitted):
                 if h is not None:
                     h.extend(e)
-        if k == 0:  # nothing was fed: the new tokens just queue up
-            self._pending = [p + e for p, e in zip(self._pending, emitted)]
+        if k == 0:  # nothing was fed: the new tokens just queue up (in place: a plain step costs O(new tokens))
+            for pending, new in zip(self._pending, emitted):
+                pending.extend(new)
             return
         # The cache saw the pending tokens and its drafts[:k-1]; keep what was accepted of those (after a tree, the
         # chain's tokens that were kept: a path through a sibling kept none of them).

@@ -9,7 +9,8 @@ the same tool output, boilerplate shared across users. `suffix_index.py` has the
 Each row has its own index (prompt + emitted tokens); a `SuffixHistory` holds finished rows' prompts and outputs,
 per key, least recently used first out, at most max_tokens. A row joins the history when it leaves the batch
 (select_rows: the session drops finished rows), so the next request of the same text drafts its whole answer.
-The draft of the row's own context and the history's compete: the higher score (expected accepted tokens) wins.
+The draft of the row's own context and the history's compete: the higher score (expected accepted tokens) wins,
+scored at the row's own K (own_k), never the batch's widest, so a row drafts what it would draft alone.
 
 Keys: a row drafts only from its own key's history and adds to it. `key` is the key of rows that join next;
 `queue_keys` gives the joining rows one each, in the order they are added (the order a session admits them);
@@ -29,6 +30,7 @@ from collections import deque
 import torch
 
 from .base import Drafter, Proposal, match_class
+from ..token_tree import padded
 from .suffix_index import MAX_MATCH, Draft, SuffixHistory, TokenLog, speculate, speculate_tree
 
 __all__ = ["SuffixDrafter", "SuffixHistory"]
@@ -57,10 +59,12 @@ class SuffixDrafter(Drafter):
         self.factor, self.offset = max_spec_factor, max_spec_offset
         self.tree_width = tree_width
         self._trees = False  # whether the session can verify trees now (use_trees)
+        self.max_leaves: int | None = None  # leaves a row's tree may have (limit_tree_leaves)
         self._rows: list[TokenLog] = []
         self._keys: list = []
         self._pending: deque = deque()  # keys of rows not joined yet: shared with forks, where rows join
         self._drafts: tuple[int, list[Draft]] | None = None  # (k, drafts) that max_drafts found this step
+        self._own_k: list[int] | None = None  # each row's own K this step (own_k), None: the k asked
 
     # ------------------------------------------------------------------ keys
     @property
@@ -74,7 +78,7 @@ class SuffixDrafter(Drafter):
         if len(keys) != len(self._rows):
             raise ValueError(f"need one key per row ({len(self._rows)}), got {len(keys)}")
         self._keys = keys
-        self._drafts = None
+        self._drafts = self._own_k = None
 
     def queue_keys(self, keys) -> None:
         """Keys for the next rows to join, in the order they join; rows past these take `key`."""
@@ -90,7 +94,7 @@ class SuffixDrafter(Drafter):
         self._leave(range(len(self._rows)))
         self._rows = [self._new_row([t for t, v in zip(r, m) if v]) for r, m in zip(rows, masks)]
         self._keys = [self._next_key() for _ in rows]
-        self._drafts = None
+        self._drafts = self._own_k = None
 
     @staticmethod
     def _new_row(tokens: list[int]) -> TokenLog:
@@ -101,14 +105,14 @@ class SuffixDrafter(Drafter):
     def fork(self, batch_size: int) -> "SuffixDrafter":
         other = SuffixDrafter(self.history, self.key, self.min_prob, self.factor, self.offset, self.max_match,
                               tree_width=self.tree_width)
-        other._pending = self._pending
+        other._pending, other.max_leaves = self._pending, self.max_leaves
         return other
 
     def merge(self, other: "SuffixDrafter") -> None:
         self._rows += other._rows
         self._keys += other._keys
         other._rows, other._keys = [], []
-        self._drafts = None
+        self._drafts = self._own_k = None
 
     def select_rows(self, rows: list[int]) -> None:
         """Keep these rows; the others are done (finished or cancelled): their text joins the history."""
@@ -116,7 +120,7 @@ class SuffixDrafter(Drafter):
         self._leave(i for i in range(len(self._rows)) if i not in kept)
         self._rows = [self._rows[r] for r in rows]
         self._keys = [self._keys[r] for r in rows]
-        self._drafts = None
+        self._drafts = self._own_k = None
 
     def _leave(self, indices) -> None:
         for i in indices:
@@ -125,7 +129,7 @@ class SuffixDrafter(Drafter):
     def update(self, emitted: list[list[int]], kept: list[int], hidden=None) -> None:
         for log, tokens in zip(self._rows, emitted):
             log.extend(tokens)
-        self._drafts = None
+        self._drafts = self._own_k = None
 
     # ------------------------------------------------------------------ drafting
     def _draft(self, b: int, k: int) -> Draft:
@@ -146,13 +150,27 @@ class SuffixDrafter(Drafter):
 
     def _with_tree(self, draft: Draft, k: int) -> Draft:
         if self._trees:
-            draft.tree = speculate_tree(draft, k, self.min_prob, self.tree_width)
+            draft.tree = speculate_tree(draft, k, self.min_prob, self.tree_width, self.max_leaves)
         return draft
 
+    def own_k(self, ks: list[int]) -> None:
+        """Draft each row at its own K this step: a draft's score, which picks the row's context or the history,
+        depends on K, and at the batch's widest a row could copy what it would not copy alone."""
+        if len(ks) != len(self._rows):
+            raise ValueError(f"need one K per row ({len(self._rows)}), got {len(ks)}")
+        self._own_k, self._drafts = list(ks), None
+
     def _drafts_for(self, k: int) -> list[Draft]:
-        if self._drafts is None or self._drafts[0] < k:
+        if self._own_k is not None:  # rows at their own K (the step's k only pads them)
+            if self._drafts is None:
+                self._drafts = (k, [self._draft(b, n) for b, n in enumerate(self._own_k)])
+        elif self._drafts is None or self._drafts[0] < k:
             self._drafts = (k, [self._draft(b, k) for b in range(len(self._rows))])
         return self._drafts[1]
+
+    def limit_tree_leaves(self, leaves: int | None) -> None:
+        if leaves != self.max_leaves:
+            self.max_leaves, self._drafts = leaves, None
 
     def use_trees(self, allowed: bool) -> None:
         trees = allowed and self.tree_width > 1
@@ -180,7 +198,7 @@ class SuffixDrafter(Drafter):
     def propose(self, k: int, context, uniforms, num_drafts):
         if self._trees:  # the first n nodes of a best-first tree are the best tree of n nodes
             trees = [d.tree for d in self._drafts_for(k)]
-            rows = [(t[:n] + log.tail(1) * (k - len(t[:n])), p[:n] + [-1] * (k - len(p[:n])))
+            rows = [(t[:n] + log.tail(1) * (k - len(t[:n])), padded(p[:n], k))
                     for (t, p, _), n, log in zip(trees, num_drafts, self._rows)]
             return Proposal(torch.tensor([r for r, _ in rows], dtype=torch.long).reshape(len(rows), k),
                             parents=[p for _, p in rows])

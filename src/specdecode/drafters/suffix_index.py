@@ -291,12 +291,14 @@ def speculate(log: TokenLog, tail: list[int], max_tokens: int, min_prob: float, 
     return best
 
 
-def speculate_tree(draft: Draft, budget: int, min_prob: float, width: int) -> tuple[list[int], list[int], float]:
+def speculate_tree(draft: Draft, budget: int, min_prob: float, width: int,
+                   max_leaves: int | None = None) -> tuple[list[int], list[int], float]:
     """(tokens, parents, score) of a token tree of at most `budget` nodes from a draft's continuations: best first by
     estimated acceptance (the product of count / support along the path, as for a chain), at most `width` children
     per node, none below min_prob and none deeper than the draft's limit. Taking nodes in that order gives a tree
     (a child's estimate is at most its parent's) whose first n nodes are the best tree of n nodes, and with
-    width 1 it is the chain itself. score: the sum of the nodes' estimates (the expected number kept)."""
+    width 1 it is the chain itself. score: the sum of the nodes' estimates (the expected number kept). max_leaves: a
+    node that would make one leaf more than that is passed over (on llama.cpp each leaf takes a sequence)."""
     tokens: list[int] = []
     parents: list[int] = []
     heap: list = []
@@ -317,8 +319,14 @@ def speculate_tree(draft: Draft, budget: int, min_prob: float, width: int) -> tu
 
     expansions: dict[int, list[list[int]]] = {}
     expand(-1, draft.rows, 0, 1.0)
+    leaves, parents_taken = 0, set()
     while heap and len(tokens) < budget:
         neg, _, parent, token, depth = heapq.heappop(heap)
+        grows = parent < 0 or parent in parents_taken  # a child of a leaf replaces it; any other is a new leaf
+        if grows and max_leaves is not None and leaves >= max_leaves:
+            continue
+        leaves += grows
+        parents_taken.add(parent)
         rows = [r for r in expansions[parent] if r[depth] == token]
         tokens.append(token)
         parents.append(parent)

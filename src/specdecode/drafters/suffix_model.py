@@ -144,6 +144,9 @@ class SuffixModelDrafter(Drafter):
         self._copied = [s >= self.min_score for s in scores]
         return [n if c else k for n, c in zip(lengths, self._copied)]
 
+    def own_k(self, ks: list[int]) -> None:
+        self.suffix.own_k(ks)
+
     def draft_classes(self) -> list[int | None]:
         """The suffix index's classes for the rows that copy; None for the rows the model drafts."""
         classes = self.suffix.draft_classes()

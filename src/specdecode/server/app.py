@@ -12,7 +12,8 @@ Model ids: the server answers to its served names (settings.served_model_names, 
 response names the model id its request asked for (the first served name when the request named none).
 
 Beyond sampling: n choices per prompt, logprobs (OpenAI's legacy shape in completions, the chat shape in chat),
-response_format json_object / json_schema (on both endpoints: the engine's grammar constraint), ignore_eos.
+response_format json_object / json_schema (on both endpoints: the engine's grammar constraint), tools (chat: the
+model's template shows them, a grammar allows only valid calls, tool_calls.py parses them back), ignore_eos.
 Unknown fields are ignored, and named in the response's X-Ignored-Fields header; parameters this server does not
 implement that would change the output are refused with a 400 naming them (schemas.UNSUPPORTED).
 """
@@ -27,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response, StreamingResponse
 
+from ..tool_calls import template_supports_tools
 from .batcher import Batcher
 from .errors import ERROR_RESPONSES, APIError, install_error_handlers
 from .jobs import JobRunner
@@ -73,6 +75,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
     metrics.running_rows.set_function(lambda: batcher.running_rows)
     metrics.watch_policy(lambda: getattr(generator, "policy", None))  # every session uses the generator's policy
     metrics.watch_prefix_cache(lambda: generator.prefix_cache)
+    metrics.watch_memory(lambda: getattr(generator, "drafter", None))
     runner = JobRunner(batcher, metrics, settings)
     token_texts = TokenTexts(tokenizer)
 
@@ -102,7 +105,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
                   ", constrained" if job.constrained else "", "" if job.logprobs is None else
                   f", logprobs {job.logprobs}", f"; ignored: {headers['X-Ignored-Fields']}" if headers else "")
         responder = Responder(kind, generation.model, served.draft_name, generation.provenance, generation.logprobs,
-                              token_texts)
+                              token_texts, generation.tool_calls)
         if generation.stream:
             events = await runner.stream(job, request, deadline, responder, generation.include_usage)
             return StreamingResponse(events, media_type="text/event-stream",
@@ -200,6 +203,7 @@ def _ignored_header(names: list[str]) -> dict[str, str]:
 def _document_limits(schemas: dict, settings: ServerSettings, served: ServedModel) -> None:
     """Write this server's limits, and the non-empty rules the validators enforce, into the OpenAPI schemas."""
     last_id = served.vocab_size - 1 if served.vocab_size else None
+    tools = template_supports_tools(served.tokenizer)  # without a tool format: no tools, no tool messages
     longest = served.context_length - 1 if served.context_length else None  # a prompt leaves room for one token
 
     def token_ids(branch: dict) -> None:
@@ -212,6 +216,8 @@ def _document_limits(schemas: dict, settings: ServerSettings, served: ServedMode
 
     for model in schemas.values():
         for name, prop in model.get("properties", {}).items():
+            if name == "tool_choice" and not tools:  # only "none": the named-function branch goes
+                prop["anyOf"] = [b for b in prop.get("anyOf", [prop]) if "$ref" not in b]
             for branch in prop.get("anyOf", [prop]):
                 kind, items = branch.get("type"), branch.get("items", {})
                 if name in ("max_tokens", "max_completion_tokens", "max_new_tokens") and kind == "integer":
@@ -221,8 +227,14 @@ def _document_limits(schemas: dict, settings: ServerSettings, served: ServedMode
                         if served.has_draft else (0, 0)
                 elif name == "n" and kind == "integer" and "maximum" not in branch:  # /predict's n is 1
                     branch["maximum"] = settings.max_batch_size
+                elif name in ("tools", "tool_calls") and kind == "array" and not tools:
+                    branch["maxItems"] = 0
+                elif name == "tool_choice" and kind == "string" and not tools:
+                    branch["enum"] = ["none"]
+                elif name == "role" and "tool" in branch.get("enum", ()) and not tools:
+                    branch["enum"] = [r for r in branch["enum"] if r != "tool"]
                 elif name == "model" and kind == "string":
-                    branch["enum"] = list(served.names)
+                    branch["enum"] = list(served.names) + [""]  # "": the main model, as when left out
                 elif name in ("prompt", "stop") and kind == "string":
                     branch["minLength"] = 1
                 elif name == "stop" and kind == "array":

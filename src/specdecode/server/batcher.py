@@ -106,6 +106,7 @@ class Job:
     ignore_eos: bool = False
     json_schema: dict | None = None  # response_format: the answer follows this JSON Schema...
     json_object: bool = False  # ...or is any JSON object
+    grammar: str | None = None  # ...or follows this Lark grammar (a request's tool calls)
     logprobs: int | None = None  # None: off; N: each token's logprob and the N likeliest alternatives
     engine_requests: list | None = None  # one engine Request per row, built once by prepare()
     loop: asyncio.AbstractEventLoop | None = None
@@ -135,13 +136,14 @@ class Job:
 
     @property
     def constrained(self) -> bool:
-        return self.json_schema is not None or self.json_object
+        return self.json_schema is not None or self.json_object or self.grammar is not None
 
     def prepare(self, generator) -> list:
         """The engine Requests of the job's rows, built (and so checked: a ValueError names the problem, a
         constraints.ConstraintError a bad schema) once; the app calls it before queueing the job."""
         if self.engine_requests is None:
-            constraint = generator.constraint(json_schema=self.json_schema, json_object=self.json_object)
+            constraint = generator.constraint(json_schema=self.json_schema, json_object=self.json_object,
+                                              grammar=self.grammar)
             self.engine_requests = [
                 generator.request(self.prompts[r // self.n], max_new_tokens=self.max_tokens[r // self.n],
                                   temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed,

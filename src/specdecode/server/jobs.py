@@ -114,7 +114,8 @@ class JobRunner:
         try:
             await asyncio.to_thread(job.prepare, generator)
         except ConstraintError as exc:
-            raise bad_request(f"response_format: {exc}", "response_format") from None
+            param = "tools" if job.grammar is not None else "response_format"
+            raise bad_request(f"{param}: {exc}", param) from None
         except ValueError as exc:
             raise bad_request(str(exc)) from None
 

@@ -115,6 +115,26 @@ class ServerMetrics:
             Gauge(f"specdecode_prefix_cache_{name}", doc, registry=self.registry).set_function(figure(name))
         Gauge("specdecode_prefix_cache_tokens", "Tokens of KV the prefix cache holds.",
               registry=self.registry).set_function(lambda: cache_of().tokens if cache_of() is not None else 0)
+        Gauge("specdecode_prefix_cache_max_tokens", "The prefix cache's bound on the tokens it holds (0: off).",
+              registry=self.registry).set_function(lambda: cache_of().max_tokens if cache_of() is not None else 0)
+        Gauge("specdecode_prefix_cache_bytes", "Memory of the prefix cache's own copies of KV (backends whose "
+              "cached prefixes stay in the model's cache hold 0 here).",
+              registry=self.registry).set_function(lambda: cache_of().bytes if cache_of() is not None else 0)
+
+    def watch_memory(self, drafter_of) -> None:
+        """Export the process's memory (RSS) and the suffix draft's history of earlier requests (drafter_of()
+        returns the drafter, or None), read at each scrape: a soak checks both stay flat, within their bounds."""
+        from prometheus_client import ProcessCollector
+
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, ... (on Linux)
+
+        def history(name):
+            return lambda: getattr(getattr(drafter_of(), "history", None), name, 0) or 0
+
+        for name, attribute, doc in (("tokens", "tokens", "Tokens the suffix draft's history holds."),
+                                     ("max_tokens", "max_tokens", "The suffix draft history's bound on tokens."),
+                                     ("bytes", "nbytes", "Memory of the suffix draft's history index.")):
+            Gauge(f"specdecode_suffix_history_{name}", doc, registry=self.registry).set_function(history(attribute))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -12,6 +12,15 @@ A replica that dies is restarted by Ray's controller; requests it held are answe
 stream cut), and a retry goes to a live replica. As a backstop against a request the proxy keeps waiting on after its
 replica died (seen once under load on a 2-core VM), the proxy's own timeout is the server's --request-timeout plus
 PROXY_GRACE_S: such a request is answered 408 (which OpenAI clients retry), never left hanging.
+
+Cache-aware routing (routing.py): requests enter through a light ingress deployment that reads each body's prefix
+key and calls the replicas through a handle whose request router (PrefixAffinityRouter, Ray Serve's RequestRouter
+API) places it by bounded-load consistent hashing: a conversation's turns land on the replica that holds its prefix
+cache and suffix history, unless that replica is at the load bound (then the next on the ring) or full (then the
+least loaded). A replica lost before it answered costs nothing: the ingress sends the request again, the ring
+without that replica re-homes it (a prefill from scratch), and only a stream already under way is cut (with an
+error event). `routing="load"` places by load alone (for comparison). The ingress's /metrics holds each replica's
+metrics (label replica) and the router's counts (specdecode_routed_requests{replica, by}).
 """
 
 from __future__ import annotations
@@ -30,7 +39,9 @@ PROXY_GRACE_S = 10.0  # the replica answers 504 at --request-timeout; the proxy 
 
 
 class SpecdecodeReplica:
-    """One replica: the models, loaded once, and an app of its own (its engine loop starts with the app)."""
+    """One replica: the models, loaded once, and an app of its own (its engine loop starts with its first request).
+    The ingress calls `forward` with an HTTP request as plain data; the replica runs it through its app in-process
+    and yields the response: its head ({"status", "headers"}), then the body's chunks as they come."""
 
     def __init__(self, config: dict):
         import torch
@@ -48,9 +59,147 @@ class SpecdecodeReplica:
             raise ValueError(f"{opts.target} has no tokenizer: the server takes text and returns text")
         generator = make_generator(target, draft, opts.num_speculative_tokens, opts.method)
         self._app = create_app(generator, config["model_name"], target.tokenizer, settings)
+        self._apps_running: set = set()  # app calls whose client went away, left to finish their cleanup
 
-    def __serve_build_asgi_app__(self):
-        return self._app
+    async def forward(self, request: dict, routing_key: str | None = None):
+        """The app's response to `request` (method, path, query, headers, body): its head, then body chunks. A
+        caller that goes away (Ray cancels this generator) is a client disconnect to the app: its job is cancelled.
+        routing_key is read by the router only."""
+        import asyncio
+
+        messages: asyncio.Queue = asyncio.Queue()
+        gone = asyncio.Event()
+        body_sent = False
+
+        async def receive():
+            nonlocal body_sent
+            if not body_sent:
+                body_sent = True
+                return {"type": "http.request", "body": request["body"], "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            messages.put_nowait(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": request["method"],
+                 "scheme": "http", "path": request["path"], "raw_path": request["path"].encode(),
+                 "query_string": request["query"].encode(), "root_path": "",
+                 "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in request["headers"]],
+                 "client": ("ray-ingress", 0), "server": ("replica", 0)}
+        task = asyncio.ensure_future(self._app(scope, receive, send))
+        task.add_done_callback(lambda _: messages.put_nowait(None))
+        try:
+            while (message := await messages.get()) is not None:
+                if message["type"] == "http.response.start":
+                    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in message.get("headers", ())]
+                    yield {"status": message["status"], "headers": headers}
+                elif message["type"] == "http.response.body":
+                    if message.get("body"):
+                        yield message["body"]
+                    if not message.get("more_body"):
+                        break
+        finally:
+            gone.set()
+            if not task.done():
+                self._apps_running.add(task)
+                task.add_done_callback(self._apps_running.discard)
+
+    def replica_metrics(self, replica: str | None = None) -> tuple[str, str]:
+        """(this replica's id, its Prometheus text); replica: read by the router, which sends the call there."""
+        from ray import serve
+
+        return serve.get_replica_context().replica_id.unique_id, self._app.state.metrics.render().decode()
+
+
+class SpecdecodeIngress:
+    """The HTTP entry: reads each request's body, and calls a replica through the engine handle with the body's
+    prefix key (the router places it). A replica lost before its answer began is asked again (the ring re-homes
+    the request); a stream cut mid-way ends with an error event. Holds no model: it needs no CPU of its own."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    async def __call__(self, request):
+        from starlette.responses import Response, StreamingResponse
+
+        from .routing import routing_key, routing_stats
+
+        body = await request.body()
+        if request.method == "GET" and request.url.path == "/metrics":
+            return Response(await self._metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        forwarded = {"method": request.method, "path": request.url.path, "query": request.url.query,
+                     "headers": [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw],
+                     "body": body}
+        # only generation requests (POST) are placed by key and counted; a GET goes anywhere
+        keyed = {"routing_key": routing_key(request.url.path, body)} if request.method == "POST" else {}
+        for attempt in range(REPLICA_ATTEMPTS):
+            call = self._engine.options(stream=True).forward.remote(forwarded, **keyed)
+            try:
+                head = await call.__anext__()
+                # a whole answer is read whole: a replica lost before its end costs only a retry
+                chunks = None if _streamed(head) else [chunk async for chunk in call]
+            except _replica_lost_errors() as exc:
+                log.warning("a replica was lost before it answered (%s): sending the request again", exc)
+                routing_stats().reroute()
+                continue
+            headers = {k: v for k, v in head["headers"] if k.lower() not in ("content-length", "transfer-encoding")}
+            if chunks is not None:
+                return Response(b"".join(chunks), status_code=head["status"], headers=headers)
+            return StreamingResponse(_rest_of_stream(call), status_code=head["status"], headers=headers)
+        return Response(_error_body(503, f"no replica answered after {REPLICA_ATTEMPTS} tries (replicas lost): "
+                                         f"retry later", "replica_lost"), status_code=503,
+                        media_type="application/json", headers={"Retry-After": "1"})
+
+    async def _metrics(self) -> str:
+        """Each live replica's metrics with its id as label `replica`, and the router's counts."""
+        from .routing import render_metrics, routing_stats
+
+        stats = routing_stats().snapshot()
+        live = sorted({replica for replica, _ in stats["routed"]} | set(stats["in_flight"]))
+        texts = {}
+        for replica in live:
+            try:
+                rid, text = await self._engine.replica_metrics.remote(replica=replica)
+            except _replica_lost_errors():
+                continue
+            texts[rid] = text
+        if not texts:  # nothing routed yet: any one replica's figures
+            try:
+                rid, text = await self._engine.replica_metrics.remote()
+                texts[rid] = text
+            except _replica_lost_errors():
+                pass
+        return render_metrics(texts, routing_stats().snapshot())
+
+
+REPLICA_ATTEMPTS = 3  # sends of one request, while replicas are lost under it
+
+
+def _streamed(head: dict) -> bool:
+    return any(k.lower() == "content-type" and v.startswith("text/event-stream") for k, v in head["headers"])
+
+
+async def _rest_of_stream(call):
+    try:
+        async for chunk in call:
+            yield chunk
+    except _replica_lost_errors() as exc:
+        log.warning("a replica was lost mid-stream: %s", exc)
+        yield b"data: " + _error_body(503, "the replica serving this stream was lost: send the request again",
+                                      "replica_lost") + b"\n\n"
+
+
+def _error_body(status: int, message: str, code: str) -> bytes:
+    import json
+
+    return json.dumps({"error": {"message": message, "type": "server_error", "param": None, "code": code}}).encode()
+
+
+def _replica_lost_errors() -> tuple:
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+    return (RayActorError, ActorDiedError, ActorUnavailableError)
 
 
 def replica_config(opts, settings, model_name: str) -> dict:
@@ -99,25 +248,40 @@ def http_options(host: str, port: int, settings=None) -> dict:
     return {"host": host, "port": port, "request_timeout_s": timeout}
 
 
-def build_application(config: dict, **options):
-    """A bound Ray Serve application of SpecdecodeReplica with these deployment options."""
-    from ray import serve
+ROUTING_POLICIES = ("affinity", "load")
 
-    deployment = serve.deployment(serve.ingress()(SpecdecodeReplica), name="specdecode")
-    return deployment.options(**options).bind(config)
+
+def build_application(config: dict, routing: str = "affinity", **options):
+    """A bound Ray Serve application: SpecdecodeReplica with these deployment options (the deployment "specdecode"),
+    behind the ingress (deployment "ingress", one replica, no CPU) that routes by `routing`: "affinity" (prefix
+    affinity under a load bound) or "load"."""
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    if routing not in ROUTING_POLICIES:
+        raise OptionError("routing", f"routing must be one of {', '.join(ROUTING_POLICIES)}, got {routing!r}")
+    batch = config["settings"].get("max_batch_size", 1)  # a replica under a batch of requests is not hot
+    router = RequestRouterConfig(request_router_class="specdecode.server.ray_routing:PrefixAffinityRouter",
+                                 request_router_kwargs={"policy": routing, "load_floor": batch})
+    engine = serve.deployment(SpecdecodeReplica, name="specdecode").options(request_router_config=router, **options)
+    ongoing = options.get("max_ongoing_requests", 128) * 8
+    ingress = serve.deployment(SpecdecodeIngress, name="ingress", num_replicas=1, max_ongoing_requests=ongoing,
+                               ray_actor_options={"num_cpus": 0})
+    return ingress.bind(engine.bind(config))
 
 
 def app_builder(args: dict):
     """`serve run`/`serve deploy` entry point: args are `specdecode serve` option names (underscores), e.g.
-    {"target": "...", "draft": "...", "k": "auto", "max_batch_size": 8, "threads": 1}. Replica counts and
-    autoscaling come from the config file's `deployments` section."""
+    {"target": "...", "draft": "...", "k": "auto", "max_batch_size": 8, "threads": 1}, and "routing" ("affinity",
+    the default, or "load"). Replica counts and autoscaling come from the config file's `deployments` section
+    (deployment "specdecode"; "ingress" is the router's)."""
     from ..pair import ModelOptions
     from .settings import ServerSettings
 
     args = dict(args)
     model_fields = {f.name for f in dataclasses.fields(ModelOptions)}
     setting_fields = {f.name for f in dataclasses.fields(ServerSettings)}
-    unknown = set(args) - model_fields - setting_fields - {"model_name"}
+    unknown = set(args) - model_fields - setting_fields - {"model_name", "routing"}
     if unknown:
         raise ValueError(f"unknown specdecode args: {', '.join(sorted(unknown))}; use `specdecode serve` option "
                          f"names with underscores")
@@ -125,11 +289,13 @@ def app_builder(args: dict):
     opts.num_speculative_tokens  # noqa: B018  (K parsed here, not first in each replica)
     settings = ServerSettings(**{k: v for k, v in args.items() if k in setting_fields})
     name = args.get("model_name") or opts.target
-    return build_application(replica_config(opts, settings, name), **deployment_options(settings=settings))
+    return build_application(replica_config(opts, settings, name), routing=args.get("routing", "affinity"),
+                             **deployment_options(settings=settings))
 
 
 def serve_with_ray(config: dict, options: dict, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                   address: str | None = None, num_cpus: int | None = None, settings=None) -> None:
+                   address: str | None = None, num_cpus: int | None = None, settings=None,
+                   routing: str = "affinity") -> None:
     """Start (or join, with an address) Ray, run the deployment (options: from deployment_options) on host:port,
     and block until Ctrl-C/SIGTERM."""
     import signal
@@ -142,10 +308,10 @@ def serve_with_ray(config: dict, options: dict, *, host: str = "127.0.0.1", port
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False)
     serve.start(http_options=http_options(host, port, settings))
-    serve.run(build_application(config, **options), name="specdecode", route_prefix="/")
+    serve.run(build_application(config, routing=routing, **options), name="specdecode", route_prefix="/")
     scale = options.get("autoscaling_config", {})
     count = options.get("num_replicas") or f"{scale.get('min_replicas')}..{scale.get('max_replicas')}"
-    log.info("serving with Ray Serve (%s replica(s)) at http://%s:%d/v1", count, host, port)
+    log.info("serving with Ray Serve (%s replica(s), routed by %s) at http://%s:%d/v1", count, routing, host, port)
     stopping = []
     previous = signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:

@@ -27,15 +27,19 @@ import uuid
 
 from pydantic import BaseModel
 
+from ..tool_calls import ToolCallParser
 from .batcher import Done
 from .logprobs import CompletionLogprobBuilder, TokenTexts, chat_logprobs
 from .schemas import (ChatChoice, ChatCompletionResponse, ChatResponseMessage, CompletionChoice, CompletionResponse,
                       PredictResponse, PromptTokensDetails, SpeculativeStats, Usage)
 
 
-def finish_reason(reason: str | None) -> str:
-    """OpenAI's finish reasons are "stop" and "length"; a row that ended otherwise (cancelled) reads "stop"."""
-    return reason if reason in ("stop", "length") else "stop"
+def finish_reason(reason: str | None, called: bool = False) -> str:
+    """OpenAI's finish reasons are "stop", "length" and "tool_calls" (an answer that ended after its tool calls); a
+    row that ended otherwise (cancelled) reads "stop"."""
+    if reason not in ("stop", "length"):
+        return "stop"
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 def usage(done: Done) -> Usage:
@@ -66,10 +70,11 @@ def sse(data: dict | str) -> bytes:
 class Responder:
     """Builds the answer to one request of a kind ("completion", "chat" or "predict"), whole or as chunks.
 
-    With logprobs (not None), token_texts names the tokens in them."""
+    With logprobs (not None), token_texts names the tokens in them. With tool_calls (chat), each answer is read
+    by a ToolCallParser: its calls go to message.tool_calls (streamed as OpenAI's tool_calls deltas)."""
 
     def __init__(self, kind: str, model: str, draft_name: str | None, provenance: bool = False,
-                 logprobs: int | None = None, token_texts: TokenTexts | None = None):
+                 logprobs: int | None = None, token_texts: TokenTexts | None = None, tool_calls: bool = False):
         if logprobs is not None and token_texts is None:
             raise ValueError("logprobs need token_texts to name the tokens")
         self.kind, self.model, self.draft_name = kind, model, draft_name
@@ -78,6 +83,8 @@ class Responder:
         self.created = int(time.time())
         self.provenance = provenance
         self.logprobs, self.token_texts = logprobs, token_texts
+        self.tool_calls = tool_calls and self.chat
+        self._parsers: dict[int, ToolCallParser] = {}  # a streamed choice's tool-call parser
         self._rows: dict[int, RunningStats] = {}
         self._offsets: dict[int, CompletionLogprobBuilder] = {}  # a streamed choice's text offsets so far
 
@@ -92,13 +99,25 @@ class Responder:
                       speculative=speculative(done, self.draft_name))
         logprobs = [self._logprobs(i, done) for i in range(len(reasons))]
         if self.chat:
-            choices = [ChatChoice(index=i, message=ChatResponseMessage(content=text), logprobs=lp,
-                                  finish_reason=reason)
+            choices = [self._chat_choice(i, text, reason, lp)
                        for i, (text, reason, lp) in enumerate(zip(done.texts, reasons, logprobs))]
             return ChatCompletionResponse(choices=choices, **common)
         choices = [CompletionChoice(index=i, text=text, logprobs=lp, finish_reason=reason)
                    for i, (text, reason, lp) in enumerate(zip(done.texts, reasons, logprobs))]
         return CompletionResponse(choices=choices, **common)
+
+    def _chat_choice(self, index: int, text: str, reason: str, logprobs) -> ChatChoice:
+        if not self.tool_calls:
+            return ChatChoice(index=index, message=ChatResponseMessage(content=text), logprobs=logprobs,
+                              finish_reason=reason)
+        parser = ToolCallParser()
+        parser.feed(text)
+        parser.finish()
+        calls = [call.to_dict() for call in parser.calls] or None
+        message = ChatResponseMessage(content=parser.content if parser.content or not calls else None,
+                                      tool_calls=calls)
+        return ChatChoice(index=index, message=message, logprobs=logprobs,
+                          finish_reason=finish_reason(reason, bool(calls)))
 
     def _logprobs(self, index: int, done: Done) -> BaseModel | None:
         """A whole choice's logprobs in the endpoint's shape (None when not asked for)."""
@@ -118,7 +137,24 @@ class Responder:
 
     def delta(self, index: int, text: str, finish: str | None = None) -> dict:
         """A choice's next text; with `finish`, its last chunk."""
+        if self.tool_calls:
+            return self._tool_delta(index, text, finish)
         return self._chunk([self._choice(index, text, finish and finish_reason(finish))])
+
+    def _tool_delta(self, index: int, text: str, finish: str | None) -> dict:
+        """The text read by the choice's parser: content, or tool_calls deltas (a call's id, type and name first,
+        its arguments in pieces after); the last chunk has the parser's held-back rest."""
+        parser = self._parsers.setdefault(index, ToolCallParser())
+        parts = parser.feed(text) + (parser.finish() if finish else [])
+        delta: dict = {}
+        content = "".join(p["content"] for p in parts if "content" in p)
+        if content:
+            delta["content"] = content
+        calls = [p for p in parts if "content" not in p]
+        if calls:
+            delta["tool_calls"] = calls
+        reason = finish and finish_reason(finish, bool(parser.calls))
+        return self._chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}])
 
     def token(self, index: int, event) -> dict | None:
         """The chunk of one token event (a TokenEvent): its text, with logprobs its logprobs, with provenance its
@@ -126,7 +162,11 @@ class Responder:
         neither logprobs nor provenance asked for)."""
         with_logprobs = self.logprobs is not None and event.logprob is not None
         if not (self.provenance or with_logprobs):
-            return self.delta(index, event.text) if event.text else None
+            if not event.text:
+                return None
+            chunk = self.delta(index, event.text)
+            held = self.tool_calls and not chunk["choices"][0]["delta"]  # a tool call's text may be held back
+            return None if held else chunk
         chunk = self.delta(index, event.text or "")
         if with_logprobs:
             chunk["choices"][0]["logprobs"] = self._token_logprobs(index, event).model_dump()
@@ -158,6 +198,9 @@ class Responder:
     def _choice(self, index: int, text: str | None, finish: str | None) -> dict:
         if not self.chat:
             return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+        if text is None and self.tool_calls:  # the answer may be calls: content stays null until text comes
+            return {"index": index, "delta": {"role": "assistant", "content": None}, "logprobs": None,
+                    "finish_reason": finish}
         delta = {"role": "assistant", "content": ""} if text is None else ({"content": text} if text else {})
         return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
 

@@ -5,7 +5,7 @@ where an integer belongs is a 400, never silently coerced. Limits that depend on
 (max_tokens, n, num_speculative_tokens, the vocabulary) are checked by the app, which knows them; sampling values
 and JSON schemas by the engine's request(), before the request is queued.
 
-Parameters this server does not implement and that would change the output (best_of, echo, penalties, tools...)
+Parameters this server does not implement and that would change the output (best_of, echo, penalties, the legacy functions...)
 are declared with their neutral value only (UNSUPPORTED): anything else is a 400 naming them, never a silent
 no-op. Fields that no schema here declares are ignored and named in the response's X-Ignored-Fields header.
 """
@@ -23,7 +23,7 @@ SEED_MAX = 2**64 - 1  # numpy's SeedSequence, which mixes a row's stream, takes 
 # Unsupported parameters -> the neutral value(s) they are accepted at (besides being left out or null).
 UNSUPPORTED: dict[str, str] = {
     "best_of": "1", "echo": "false", "suffix": '""', "presence_penalty": "0", "frequency_penalty": "0",
-    "logit_bias": "{}", "tools": "[]", "tool_choice": '"none"', "functions": "[]", "function_call": '"none"',
+    "logit_bias": "{}", "functions": "[]", "function_call": '"none"',
     "modalities": '["text"]', "audio": "null",
     # other servers' sampling extensions, refused rather than ignored for the same reason
     "repetition_penalty": "1", "min_p": "0", "min_tokens": "0", "stop_token_ids": "[]",
@@ -221,10 +221,24 @@ class ContentPart(_Request):
     text: str
 
 
+class FunctionCall(_Request):
+    name: str
+    arguments: Union[str, dict[str, Any]] = Field(
+        ..., description="The arguments as JSON text (OpenAI's form; a JSON object is accepted too).")
+
+
+class ToolCall(_Request):
+    id: str = Field(..., min_length=1, description="The call's id; a later tool message answers it by this id.")
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[str, list[ContentPart]]] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = Field(None, description="An assistant message's tool calls.")
+    tool_call_id: Optional[str] = Field(None, description="A tool message: the id of the call it answers.")
 
     def text(self) -> str:
         if self.content is None:
@@ -232,6 +246,29 @@ class ChatMessage(_Request):
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+
+class FunctionDefinition(_Request):
+    name: str = Field(..., description="1 to 64 letters, digits, underscores or dashes; unique among the tools.")
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = Field(
+        None, description="The JSON Schema of the arguments (an object); left out: no arguments. Every call's "
+                          "arguments follow it (a grammar masks every token), whatever `strict` says.")
+    strict: Optional[bool] = Field(None, description="Accepted; calls always follow the schema.")
+
+
+class ToolDefinition(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_Sampling):
@@ -242,7 +279,8 @@ class ChatCompletionRequest(_Sampling):
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
     specdecode: Optional[SpecdecodeOptions] = Field(None, description="Extension: token provenance in streams.")
-    parallel_tool_calls: Optional[bool] = Field(None, description="Accepted and not used (no tools).")
+    parallel_tool_calls: Optional[bool] = Field(
+        None, description="With tools: several calls in one answer (the default, true), or one at most (false).")
     logprobs: Optional[bool] = Field(
         False, description="Each output token's log-probability (choices[].logprobs.content). " + LOGPROBS_MEANING)
     top_logprobs: Optional[Int(ge=0, le=MAX_LOGPROBS)] = Field(
@@ -250,8 +288,15 @@ class ChatCompletionRequest(_Sampling):
     response_format: Optional[ResponseFormat] = Field(
         None, description='{"type": "text"} (the default), {"type": "json_object"} (any JSON object) or {"type": '
                           '"json_schema", "json_schema": {"name": ..., "schema": {...}}}.')
-    tools: Optional[list[Any]] = Field(None, max_length=0, description=_not_supported("[]"))
-    tool_choice: Optional[Literal["none"]] = Field(None, description=_not_supported('"none"'))
+    tools: Optional[list[ToolDefinition]] = Field(
+        None, description="Function tools the model may call, shown to it by its chat template (a template "
+                          "without a tool format is a 400). Calls come back in message.tool_calls with "
+                          "finish_reason \"tool_calls\"; a grammar allows only calls of these tools with arguments "
+                          "valid under their parameters schema.")
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = Field(
+        None, description='"auto" (the default with tools): text or calls; "required": calls only; {"type": '
+                          '"function", "function": {"name": ...}}: one call of that function; "none": text, and the '
+                          'tools are not shown to the model.')
     functions: Optional[list[Any]] = Field(None, max_length=0, description=_not_supported("[]"))
     function_call: Optional[Literal["none"]] = Field(None, description=_not_supported('"none"'))
     modalities: Optional[list[Literal["text"]]] = Field(None, description=_not_supported('["text"]'))
@@ -334,9 +379,21 @@ class CompletionResponse(BaseModel):
     speculative: Optional[SpeculativeStats] = None
 
 
+class ResponseFunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="The arguments as JSON text, as the model wrote them.")
+
+
+class ResponseToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ResponseFunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: Optional[str]
+    tool_calls: Optional[list[ResponseToolCall]] = None
 
 
 class TopLogprob(BaseModel):

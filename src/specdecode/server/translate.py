@@ -14,6 +14,8 @@ from pydantic import BaseModel
 
 from ..chat import ChatTemplateError, NoChatTemplateError, encode_chat
 from ..speculation import Speculation
+from ..tool_calls import (ToolError, check_tool_messages, parse_tool_choice, parse_tools, rendered_call,
+                          template_supports_tools, tool_grammar)
 from .batcher import Job
 from .errors import APIError, bad_request
 from .settings import ServedModel, ServerSettings
@@ -34,6 +36,7 @@ class Generation:
     include_usage: bool = False
     provenance: bool = False  # stream each token with its provenance (the "specdecode" extension)
     logprobs: int | None = None  # None: no logprobs; N: each token's and the N likeliest alternatives'
+    tool_calls: bool = False  # the answer may hold tool calls: parse them into message.tool_calls
     ignored: list[str] = field(default_factory=list)  # fields no schema declares, named in X-Ignored-Fields
 
 
@@ -42,8 +45,9 @@ def translate(body, kind: Kind, served: ServedModel, settings: ServerSettings) -
     model = resolve_model(body.model, served)
     sampling = _sampling(body, served, settings)
     max_tokens, tokens_param = _requested_max_tokens(body, kind, settings)
+    tools = _tools(body, served) if kind == "chat" else None
     if kind == "chat":
-        prompts, params = [_chat_ids(body, served, settings)], ["messages"]
+        prompts, params = [_chat_ids(body, served, settings, tools)], ["messages"]
     else:
         prompts, params = _prompt_ids(body.prompt, served, settings)
     if max_tokens is None:  # chat without a limit: the rest of the context
@@ -55,13 +59,13 @@ def translate(body, kind: Kind, served: ServedModel, settings: ServerSettings) -
     n = _choices(body, len(prompts), settings)
     logprobs = _logprobs(body, kind)
     job = Job(prompts=prompts, max_tokens=[max_tokens] * len(prompts), n=n, logprobs=logprobs,
-              **_response_format(body), **sampling)
+              **(_response_format(body) if tools is None else {"grammar": tools.grammar}), **sampling)
     options = getattr(body, "stream_options", None)
     extension = getattr(body, "specdecode", None)
     return Generation(kind, model, job, stream=bool(getattr(body, "stream", False)),
                       include_usage=bool(options and options.include_usage),
                       provenance=bool(extension and extension.provenance), logprobs=logprobs,
-                      ignored=ignored_fields(body))
+                      tool_calls=tools is not None, ignored=ignored_fields(body))
 
 
 def resolve_model(requested: str | None, served: ServedModel) -> str:
@@ -115,13 +119,11 @@ def _prompt_ids(prompt, served: ServedModel, settings: ServerSettings) -> tuple[
     return ids, params
 
 
-def _chat_ids(body, served: ServedModel, settings: ServerSettings) -> list[int]:
+def _chat_ids(body, served: ServedModel, settings: ServerSettings, tools: "Tools | None") -> list[int]:
     _check_chars(text_size(body), "messages", settings)
-    # "developer" is OpenAI's newer name of "system"; templates know only the latter
-    conversation = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                    for m in body.messages]
+    conversation = _conversation(body.messages, served)
     try:
-        ids = encode_chat(served.tokenizer, conversation)
+        ids = encode_chat(served.tokenizer, conversation, tools.shown if tools is not None else None)
     except NoChatTemplateError:
         raise bad_request(f"the model {served.name!r} has no chat template: use /v1/completions", "messages",
                           "no_chat_template") from None
@@ -130,6 +132,74 @@ def _chat_ids(body, served: ServedModel, settings: ServerSettings) -> list[int]:
     except Exception as exc:  # e.g. lone surrogates the tokenizer cannot encode
         raise bad_request(f"messages could not be tokenized: {type(exc).__name__}", "messages") from None
     return _check_ids(ids, "messages", served)
+
+
+def _conversation(messages, served: ServedModel) -> list[dict]:
+    """The messages as the chat template takes them: tool calls with their arguments as JSON values, tool results
+    with the id of the call they answer (which must be an earlier call's)."""
+    conversation = []
+    for i, m in enumerate(messages):
+        # "developer" is OpenAI's newer name of "system"; templates know only the latter
+        item = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        if m.tool_calls:
+            if m.role != "assistant":
+                raise bad_request(f"messages[{i}] has tool_calls, which only assistant messages carry",
+                                  f"messages[{i}].tool_calls")
+            item["tool_calls"] = [_rendered_call(call, f"messages[{i}].tool_calls[{j}]")
+                                  for j, call in enumerate(m.tool_calls)]
+        if m.role == "tool":
+            item["tool_call_id"] = m.tool_call_id
+            if m.name is not None:
+                item["name"] = m.name
+        conversation.append(item)
+    if any(m.tool_calls or m.role == "tool" for m in messages):
+        try:
+            check_tool_messages(conversation)
+        except ToolError as exc:
+            raise bad_request(str(exc), exc.param) from None
+        if not template_supports_tools(served.tokenizer):
+            raise bad_request(f"the messages hold tool calls or tool results, and the chat template of the model "
+                              f"{served.name!r} has no tool format to show them in", "messages", "tools_not_supported")
+    return conversation
+
+
+def _rendered_call(call, param: str) -> dict:
+    try:
+        return rendered_call(call.model_dump())
+    except ToolError as exc:
+        raise bad_request(f"{param}.function.arguments: {exc}; send the arguments as JSON text",
+                          f"{param}.function.arguments") from None
+
+
+@dataclass
+class Tools:
+    """A request's tools as the engine and the responder use them."""
+
+    shown: list[dict]  # the tools as the chat template shows them to the model
+    choice: str  # "auto", "required" or the one tool's name
+    grammar: str  # the Lark grammar of the answer
+
+
+def _tools(body, served: ServedModel) -> Tools | None:
+    """The request's tools and tool_choice, checked; None when the answer is plain text (no tools, or "none")."""
+    choice = body.tool_choice.model_dump() if isinstance(body.tool_choice, BaseModel) else body.tool_choice
+    try:
+        tools = parse_tools([t.model_dump(exclude_none=True) for t in body.tools]) if body.tools else None
+        choice = parse_tool_choice(choice, tools)
+    except ToolError as exc:
+        raise bad_request(str(exc), exc.param) from None
+    if choice in (None, "none"):
+        return None
+    if body.response_format is not None and body.response_format.type != "text":
+        raise bad_request("response_format and tools cannot be combined: give the answer's schema as a tool's "
+                          "parameters, or set tool_choice \"none\"", "response_format")
+    if not template_supports_tools(served.tokenizer):
+        raise bad_request(f"the chat template of the model {served.name!r} has no tool format (it does not show "
+                          f"tools to the model, or does not write calls as <tool_call>{{\"name\": ..., \"arguments\": "
+                          f"...}}</tool_call>): leave tools out, or serve a model whose template has one (Qwen2.5, "
+                          f"Hermes)", "tools", "tools_not_supported")
+    parallel = body.parallel_tool_calls is not False
+    return Tools([t.rendered() for t in tools], choice, tool_grammar(tools, choice, parallel))
 
 
 def _check_chars(chars: int, param: str, settings: ServerSettings) -> None:

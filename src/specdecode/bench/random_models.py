@@ -1,0 +1,141 @@
+"""Random-weight models of real Qwen2.5 shapes, for timing where no real weights can travel (a lent GPU machine):
+as transformers models, and as GGUF files for llama.cpp (written with the gguf package, quantized by llama.cpp's
+own quantize function). Costs depend on shapes, not on weights, so these time what the real models would."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# Qwen2.5 configs: hidden, intermediate, layers, attention heads, KV heads, vocabulary, tied embeddings.
+SHAPES = {
+    "tiny": (256, 512, 2, 4, 2, 1024, True),  # for checking scripts on a CPU (rows of 256: llama.cpp's k-quants)
+    "tiny-draft": (256, 512, 1, 4, 2, 1024, True),
+    "0.5B": (896, 4864, 24, 14, 2, 151936, True),
+    "1.5B": (1536, 8960, 28, 12, 2, 151936, True),
+    "7B": (3584, 18944, 28, 28, 4, 152064, False),
+}
+
+
+def qwen_config(size: str):
+    from transformers import Qwen2Config
+
+    hidden, inter, layers, heads, kv, vocab, tied = SHAPES[size]
+    return Qwen2Config(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                       num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
+                       tie_word_embeddings=tied, max_position_embeddings=32768, rope_theta=1e6,
+                       rms_norm_eps=1e-6, eos_token_id=None)
+
+
+@torch.no_grad()
+def build_qwen(size: str, device="cpu", dtype=torch.bfloat16, seed: int = 0, copying: bool = False):
+    """A Qwen2ForCausalLM of that shape with random weights, built directly in `dtype` on `device`.
+
+    copying=True makes the embeddings dominate the residual stream (and the output layer read them back), so the
+    greedy next token is the current one by a wide margin: a greedy continuation that half-precision rounding
+    cannot flip between kernels of different shapes (a plain random model's top logits are close enough that
+    an n-token forward and n one-token forwards disagree on a few percent of tokens). Same shapes, same work.
+    """
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # no float32 copy first: a 7B model is 30 GB in float32
+    try:
+        with torch.device(device):
+            model = Qwen2ForCausalLM(qwen_config(size)).eval()
+    finally:
+        torch.set_default_dtype(previous)
+    if copying:
+        embed = model.get_input_embeddings().weight
+        embed.mul_(5000.0 / embed.shape[1] ** 0.5)  # far above what 28 random layers add to the residual stream
+        if not model.config.tie_word_embeddings:
+            model.lm_head.weight.copy_(embed)
+    return model
+
+
+def _gpt2_alphabet() -> list[str]:
+    """GPT-2's byte-level alphabet (bytes_to_unicode): the 256 one-byte tokens a byte-level BPE vocabulary has."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+def write_qwen_gguf(size: str, path: Path, seed: int = 0) -> Path:
+    """A random-weight GGUF of the shape (float16 matrices, float32 norms and biases), with a byte-level BPE
+    vocabulary of the right size (the 256 byte tokens, one merge, filler tokens, an end-of-text token)."""
+    import gguf
+
+    hidden, inter, layers, heads, kv, vocab, tied = SHAPES[size]
+    head_dim = hidden // heads
+    rng = np.random.default_rng(seed)
+    pool = (rng.standard_normal(1 << 22, dtype=np.float32) * 0.02).astype(np.float16)  # reused: values don't time
+    offset = [0]
+
+    def matrix(rows: int, cols: int) -> np.ndarray:
+        start = offset[0] = (offset[0] + 7919) % pool.size
+        return np.resize(np.roll(pool, -start), (rows, cols))
+
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_context_length(32768)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(inter)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv)
+    writer.add_rope_freq_base(1e6)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    alphabet = _gpt2_alphabet()
+    tokens = alphabet + ["ĠĠ"] + [f"<|filler{i}|>" for i in range(vocab - len(alphabet) - 2)] + ["<|endoftext|>"]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.NORMAL] * (vocab - 1) + [gguf.TokenType.CONTROL])
+    writer.add_token_merges(["Ġ Ġ"])
+    writer.add_eos_token_id(vocab - 1)
+    writer.add_add_bos_token(False)
+    ones = np.ones(hidden, dtype=np.float32)
+    writer.add_tensor("token_embd.weight", matrix(vocab, hidden))
+    writer.add_tensor("output_norm.weight", ones)
+    if not tied:
+        writer.add_tensor("output.weight", matrix(vocab, hidden))
+    for i in range(layers):
+        blk = f"blk.{i}"
+        writer.add_tensor(f"{blk}.attn_norm.weight", ones)
+        for name, rows in (("attn_q", heads * head_dim), ("attn_k", kv * head_dim), ("attn_v", kv * head_dim)):
+            writer.add_tensor(f"{blk}.{name}.weight", matrix(rows, hidden))
+            writer.add_tensor(f"{blk}.{name}.bias", matrix(1, rows)[0].astype(np.float32))
+        writer.add_tensor(f"{blk}.attn_output.weight", matrix(hidden, heads * head_dim))
+        writer.add_tensor(f"{blk}.ffn_norm.weight", ones)
+        writer.add_tensor(f"{blk}.ffn_gate.weight", matrix(inter, hidden))
+        writer.add_tensor(f"{blk}.ffn_up.weight", matrix(inter, hidden))
+        writer.add_tensor(f"{blk}.ffn_down.weight", matrix(hidden, inter))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
+
+
+def quantize_gguf(source: Path, dest: Path, threads: int, ftype: str = "Q4_K_M") -> Path:
+    """llama.cpp's own quantization (llama_model_quantize), as its llama-quantize tool runs it."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.nthread = threads
+    status = llama_cpp.llama_model_quantize(str(source).encode(), str(dest).encode(), ctypes.byref(params))
+    if status != 0:
+        raise RuntimeError(f"llama_model_quantize({source} -> {dest}, {ftype}) returned {status}")
+    return Path(dest)

@@ -1,0 +1,227 @@
+"""--draft auto (draft_choice.py, pair.resolve_auto_draft) and the policy settling where no draft can pay: the
+decision is arithmetic on measured costs, the draft model is loaded only when chosen, an explicit --draft wins, and
+a settled policy asks the drafter nothing."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from specdecode import draft_choice
+from specdecode.draft_choice import DraftCosts, choose_draft
+from specdecode.policy import SETTLED_STEPS, AdaptivePolicy
+
+# The default pair on a 2-core AMD EPYC (shared/PERF_NOTES.md): c = 0.57, v(n) of the target's n-token forward.
+EPYC = DraftCosts(0.57, {1: 1.0, 2: 1.62, 3: 2.14, 4: 2.56, 5: 3.14, 7: 4.30, 9: 5.5})
+GPU_LIKE = DraftCosts(0.08, {1: 1.0, 2: 1.02, 3: 1.03, 4: 1.05, 5: 1.06, 7: 1.1, 9: 1.15})
+
+
+@pytest.fixture
+def costs_file(tmp_path, monkeypatch):
+    path = tmp_path / "costs.json"
+    monkeypatch.setattr(draft_choice, "costs_path", lambda: path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- the arithmetic
+def test_a_draft_that_cannot_pay_even_with_every_draft_kept_gives_the_free_draft():
+    k, bound = EPYC.best()
+    assert bound == pytest.approx(max((k + 1) / (k * 0.57 + EPYC.verify[k + 1]) for k in (1, 2, 3, 4, 6, 8)))
+    assert bound < 1 and not EPYC.model_can_pay()
+    choice = choose_draft("draft-model", EPYC)
+    assert choice.draft == "suffix" and not choice.uses_model
+    assert "c = 0.57" in choice.reason and "1.62" in choice.reason and "not loaded" in choice.reason
+
+
+def test_a_draft_that_can_pay_gives_suffix_and_the_model():
+    assert GPU_LIKE.model_can_pay()
+    choice = choose_draft("draft-model", GPU_LIKE)
+    assert choice.draft == "suffix+draft-model" and choice.uses_model and "can pay" in choice.reason
+    # Just above plain decoding is not enough: the margin stands for acceptance below 1.
+    edge = DraftCosts(0.5, {1: 1.0, 2: 1.45})  # K=1: 2 / 1.95 = 1.026
+    assert choose_draft("m", edge).draft == "suffix" and choose_draft("m", edge, margin=0.0).draft == "suffix+m"
+
+
+def test_without_costs_a_gpu_takes_the_model_and_a_cpu_must_measure():
+    assert choose_draft("m", None, on_gpu=True).draft == "suffix+m"
+    with pytest.raises(ValueError, match="measured costs"):
+        choose_draft("m", None)
+    assert choose_draft(None, None).draft == "suffix"  # no draft model known for the target
+
+
+def test_costs_are_recorded_per_key(costs_file):
+    assert draft_choice.load_costs("a") is None
+    draft_choice.save_costs("a", EPYC)
+    draft_choice.save_costs("b", GPU_LIKE)
+    assert draft_choice.load_costs("a") == EPYC and draft_choice.load_costs("b") == GPU_LIKE
+
+
+# ---------------------------------------------------------------------------------------------- loading
+class _CpuTarget:
+    device = type("device", (), {"type": "cpu"})()
+
+
+def _auto(monkeypatch, model="tiny-draft"):
+    from specdecode import pair
+
+    monkeypatch.setattr(pair, "auto_draft_model", lambda opts: model)
+    return pair, pair.ModelOptions()
+
+
+def test_a_draft_that_cannot_pay_is_not_loaded(costs_file, monkeypatch):
+    pair, opts = _auto(monkeypatch)
+    draft_choice.save_costs(pair.auto_cost_key(opts, "tiny-draft"), EPYC)
+    monkeypatch.setattr(pair, "load_draft_model", lambda *a, **k: pytest.fail("the draft model was loaded"))
+    assert opts.draft_is_auto
+    choice, model = pair.resolve_auto_draft(opts, _CpuTarget())
+    assert model is None and choice.draft == "suffix" and opts.draft == "suffix" and opts.draft_choice is choice
+    assert type(pair.load_draft(opts)).__name__ == "SuffixDrafter"
+
+
+def test_a_draft_that_can_pay_is_loaded_once(costs_file, monkeypatch):
+    pair, opts = _auto(monkeypatch)
+    draft_choice.save_costs(pair.auto_cost_key(opts, "tiny-draft"), GPU_LIKE)
+    loads = []
+    monkeypatch.setattr(pair, "load_draft_model", lambda o, *a, **k: loads.append(o.draft_model) or "MODEL")
+    choice, model = pair.resolve_auto_draft(opts, _CpuTarget())
+    assert (choice.draft, model, loads) == ("suffix+tiny-draft", "MODEL", ["tiny-draft"])
+    assert opts.draft_with_suffix and opts.draft_model == "tiny-draft"
+
+
+def test_an_explicit_draft_wins(costs_file, monkeypatch):
+    pair, _ = _auto(monkeypatch)
+    for draft in ("suffix", "none", "tiny-draft", "suffix+tiny-draft", "prompt-lookup"):
+        opts = pair.ModelOptions(draft=draft)
+        assert pair.resolve_auto_draft(opts, _CpuTarget()) == (None, None) and opts.draft == draft
+    assert not costs_file.exists()  # nothing was measured either
+
+
+def test_first_use_measures_records_and_releases_an_unused_draft(costs_file, monkeypatch, tiny_model_dirs):
+    from specdecode import load_model
+
+    pair, opts = _auto(monkeypatch, tiny_model_dirs["draft"])
+    opts.target = tiny_model_dirs["target"]
+    target = load_model(tiny_model_dirs["target"], threads=1)
+    choice, model = pair.resolve_auto_draft(opts, target)
+    costs = draft_choice.load_costs(pair.auto_cost_key(opts, tiny_model_dirs["draft"]))
+    assert costs is not None and costs.draft_step > 0 and set(costs.verify) == {1, 3, 4, 5, 7, 9, 2}
+    assert choice.draft == ("suffix+" + tiny_model_dirs["draft"] if costs.model_can_pay() else "suffix")
+    assert (model is None) == (not costs.model_can_pay())
+    monkeypatch.setattr(pair, "measure_pair_costs", lambda *a: pytest.fail("measured twice"))
+    again = pair.ModelOptions(target=tiny_model_dirs["target"])
+    assert pair.resolve_auto_draft(again, target)[0].draft == choice.draft  # the record decides now
+
+
+def test_other_targets_have_no_auto_draft_model():
+    from specdecode.pair import ModelOptions, auto_draft_model
+
+    assert auto_draft_model(ModelOptions(target="/some/dir")) is None
+
+
+def test_the_first_output_and_the_policy_line_name_the_choice(costs_file, tiny_model_dirs, monkeypatch):
+    from specdecode.cli.app import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["generate", "def f(x):\n    return f(x)", "-n", "12", "--ignore-eos", "-v",
+                                 "--target", tiny_model_dirs["target"]])
+    assert result.exit_code == 0, result.output
+    text = result.output + (result.stderr if result.stderr_bytes is not None else "")
+    assert "draft: suffix (--draft auto: no draft model is known for this target" in text
+    assert "policy: draft suffix (--draft auto:" in text
+    pair, _ = _auto(monkeypatch, tiny_model_dirs["draft"])
+    key = pair.auto_cost_key(pair.ModelOptions(target=tiny_model_dirs["target"], threads=1), tiny_model_dirs["draft"])
+    draft_choice.save_costs(key, EPYC)
+    result = runner.invoke(app, ["generate", "def f(x):", "-n", "4", "--target", tiny_model_dirs["target"],
+                                 "--threads", "1"])
+    text = result.output + (result.stderr if result.stderr_bytes is not None else "")
+    assert result.exit_code == 0 and "draft: suffix (--draft auto: the draft model" in text and "c = 0.57" in text
+
+
+# ---------------------------------------------------------------------------------------------- settling
+def _observe_costs(policy, c=0.57, verify=None):
+    """Two timed plain steps and two timed K=1 and K=2 steps at these costs (seconds = target steps)."""
+    verify = verify or {1: 1.0, 2: 1.62, 3: 2.14}
+    rows = [policy.new_row()]
+    for _ in range(2):
+        policy.choose(rows, [8])
+        policy.observe(rows, 0, [0], 1, None, verify[1])
+        for k in (1, 2):
+            policy.choose(rows, [8])
+            policy.observe(rows, k, [k], 1, k * c, verify[k + 1])
+    return rows
+
+
+def _run(policy, rows, steps, plain_s=1.0):
+    choices = []
+    for _ in range(steps):
+        k = policy.choose(rows, [8])
+        choices.append(k)
+        policy.observe(rows, k, [0], 1, k * 0.57 * plain_s if k else None, plain_s * (1.0 if k == 0 else 1.62))
+    return choices
+
+
+def test_the_policy_settles_where_no_draft_can_pay_and_rechecks_rarely():
+    policy = AdaptivePolicy(8)
+    rows = _observe_costs(policy)
+    explored = policy.explorations  # while the costs were being timed
+    assert policy.choose(rows, [8]) == 0 and policy.settled  # nothing explored: no K could pay
+    assert "nothing is drafted or probed" in policy.explain()
+    assert not any(_run(policy, rows, 2 * SETTLED_STEPS + 10))  # steady costs: the re-checks cost no draft
+    assert policy.summary()["settles"] == 1 and policy.probes == 0 and policy.explorations == explored
+    # The machine got twice as fast (another process's load went away): the next re-check probes, once.
+    choices = _run(policy, rows, SETTLED_STEPS + 10, plain_s=0.5)
+    drafted = [i for i, k in enumerate(choices) if k]
+    assert len(drafted) == 1 and policy.probes == 1 and policy.settled  # the probe lost: settled again
+
+
+def test_free_drafts_and_cheap_drafts_never_settle():
+    cheap = AdaptivePolicy(8)
+    rows = _observe_costs(cheap, c=0.05, verify={1: 1.0, 2: 1.02, 3: 1.04})
+    cheap.choose(rows, [8])
+    assert not cheap.settled
+    free = AdaptivePolicy(8)
+    free._free_drafts = True  # every choice prices free drafts (what decide() takes from Outlook.free)
+    rows = _observe_costs(free)
+    free.choose(rows, [8])
+    assert not free.settled
+
+
+def test_a_settled_session_never_asks_the_draft(tiny_pair, tokenizer):
+    from specdecode import SpeculativeGenerator
+
+    target, draft = tiny_pair
+    gen = SpeculativeGenerator(target, draft, num_speculative_tokens="auto", tokenizer=tokenizer)
+    _observe_costs(gen.policy)
+    gen.policy.choose([gen.policy.new_row()], [8])
+    assert gen.policy.settled
+    calls = []
+    for name in ("propose", "behind", "draft_classes"):
+        original = getattr(gen.drafter, name)
+        setattr(gen.drafter, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k))
+    result = gen.generate([[5, 17, 42, 99]], max_new_tokens=24, temperature=0, ignore_eos=True)
+    plain = SpeculativeGenerator(target, draft, num_speculative_tokens=0, tokenizer=tokenizer)
+    assert result.token_ids == plain.generate([[5, 17, 42, 99]], max_new_tokens=24, temperature=0,
+                                              ignore_eos=True).token_ids
+    assert calls == [] and result.stats.draft_forward_calls == 0 and result.stats.proposed_tokens == 0
+
+
+def test_advise_agrees_with_auto_and_records_its_costs(costs_file, tiny_model_dirs, monkeypatch):
+    import json
+
+    from specdecode.bench.advise import DraftCost, draft_auto
+    from specdecode.cli.app import app
+
+    assert draft_auto({"cost": DraftCost(0.57)}, EPYC.verify, 36.0)["draft"] == choose_draft("MODEL", EPYC).draft
+    assert draft_auto({"cost": DraftCost(0.08)}, GPU_LIKE.verify, 36.0)["draft"] == "suffix+MODEL"
+    target, draft = tiny_model_dirs["target"], tiny_model_dirs["draft"]
+    result = CliRunner().invoke(app, ["advise", "--target", target, "--draft", draft, "--threads", "1",
+                                      "--nb-prompts", "1", "-n", "4", "-k", "2", "--measure", "none", "--json"])
+    assert result.exit_code == 0, result.output
+    auto = json.loads(result.stdout)["draft_auto"]
+    pair, _ = _auto(monkeypatch, draft)
+    opts = pair.ModelOptions(target=target, threads=1)
+    recorded = draft_choice.load_costs(pair.auto_cost_key(opts, draft))
+    assert recorded is not None and recorded.draft_step == pytest.approx(auto["costs"]["draft_step"])
+    monkeypatch.setattr(pair, "load_draft_model", lambda *a, **k: "MODEL")
+    choice, _ = pair.resolve_auto_draft(opts, _CpuTarget())
+    assert choice.draft == auto["draft"]  # generate would choose what advise said

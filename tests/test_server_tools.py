@@ -1,0 +1,326 @@
+"""Tool calling on a live server (OpenAI's function calling): tools shown by the model's chat template (a
+Qwen2.5-style template with a tool format on the tests' tiny tokenizer), answers parsed into message.tool_calls
+with finish_reason "tool_calls", streamed as OpenAI streams them (the client's stream helper assembles the same
+calls), every call valid under its tool's schema (a grammar masks p and q), greedy answers equal with speculation on
+and off, seeded sampled answers the same whatever K each step took, and bad input answered 400 naming the problem."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import httpx
+import jsonschema
+import pytest
+
+from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixture)
+from test_server_helpers import MODEL, error_shape, openai_client, serve
+
+# Qwen2.5's own chat template (as the default pair's tokenizer ships it), tools and tool calls included.
+QWEN25_TEMPLATE = r"""
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6},
+                                            "unit": {"enum": ["c", "f"]},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "unit", "days"], "additionalProperties": False}
+CLOCK = {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
+         "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather forecast.",
+                                           "parameters": WEATHER, "strict": True}},
+         {"type": "function", "function": {"name": "get_time", "description": "The time in a zone.",
+                                           "parameters": CLOCK, "strict": True}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": CLOCK}
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def tool_tokenizer(tokenizer):
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = QWEN25_TEMPLATE.strip()
+    return tok
+
+
+@pytest.fixture(scope="module")
+def long_pair(tiny_pair):
+    """The tiny pair with a 2048-token context: Qwen2.5's system prompt with two tools is ~1000 tiny tokens."""
+    pair = copy.deepcopy(tiny_pair)
+    for model in pair:
+        model.config.max_position_embeddings = 2048
+    return pair
+
+
+@pytest.fixture(scope="module")
+def server(long_pair, tool_tokenizer):
+    srv = serve(long_pair, tool_tokenizer, max_tokens_limit=400, max_batch_size=8, request_timeout=120)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai_client(server.url, timeout=120)
+
+
+def _check_calls(message, allowed=SCHEMAS):
+    """Every call well-formed (OpenAI's shape) and valid under its tool's schema; the calls as (name, args)."""
+    calls = []
+    for call in message.tool_calls or []:
+        assert call.type == "function" and call.id.startswith("call_") and len(call.id) > 10
+        assert call.function.name in allowed
+        arguments = json.loads(call.function.arguments)
+        jsonschema.validate(arguments, allowed[call.function.name])
+        calls.append((call.function.name, arguments))
+    return calls
+
+
+def _ask(client, **kwargs):
+    return client.chat.completions.create(model=MODEL, **{"messages": MESSAGES, "tools": TOOLS, "max_tokens": 200,
+                                                          **kwargs})
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_required_gives_valid_calls_of_the_tools(client, seed):
+    res = _ask(client, tool_choice="required", temperature=1.0, seed=seed, parallel_tool_calls=False)
+    choice = res.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert len(_check_calls(choice.message)) == 1
+
+
+def test_a_named_function_is_the_one_called(client):
+    for seed in range(3):
+        res = _ask(client, tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=1.0,
+                   seed=seed)
+        assert res.choices[0].finish_reason == "tool_calls"
+        assert [name for name, _ in _check_calls(res.choices[0].message)] == ["get_time"]
+
+
+def test_parallel_calls_come_in_order_and_valid(client):
+    counts = []
+    for seed in range(8):
+        choice = _ask(client, tool_choice="required", temperature=1.0, seed=seed).choices[0]
+        calls = _check_calls(choice.message)
+        assert calls and choice.finish_reason in ("tool_calls", "length")
+        if choice.finish_reason == "tool_calls":
+            counts.append(len(calls))
+    assert counts and max(counts) >= 2, counts  # the grammar lets a call follow a call
+    single = [len(_check_calls(_ask(client, tool_choice="required", temperature=1.0, seed=s,
+                                    parallel_tool_calls=False).choices[0].message)) for s in range(4)]
+    assert single == [1, 1, 1, 1]
+
+
+def test_auto_gives_text_or_valid_calls_and_none_gives_text(client):
+    for seed in range(4):
+        choice = _ask(client, tool_choice="auto", temperature=1.0, seed=seed, max_tokens=60).choices[0]
+        if choice.message.tool_calls:
+            _check_calls(choice.message)
+            assert choice.finish_reason in ("tool_calls", "length")
+        else:
+            assert "<tool_call>" not in choice.message.content and choice.finish_reason in ("stop", "length")
+        none = _ask(client, tool_choice="none", temperature=1.0, seed=seed, max_tokens=20).choices[0]
+        assert none.message.tool_calls is None and none.finish_reason in ("stop", "length")
+
+
+def test_tools_are_shown_by_the_template_and_none_hides_them(client, tool_tokenizer):
+    from specdecode.chat import encode_chat
+
+    with_tools = _ask(client, tool_choice="required", max_tokens=1, temperature=0).usage.prompt_tokens
+    without = _ask(client, tool_choice="none", max_tokens=1, temperature=0).usage.prompt_tokens
+    shown = [{k: v for k, v in t.items()} for t in TOOLS]
+    for tool in shown:
+        tool["function"] = {k: v for k, v in tool["function"].items() if k != "strict"}
+    assert with_tools == len(encode_chat(tool_tokenizer, MESSAGES, shown))
+    assert without == len(encode_chat(tool_tokenizer, MESSAGES)) < with_tools
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_full_loop_call_result_answer(client, tool_tokenizer, stream):
+    kwargs = dict(tool_choice="required", temperature=0.8, seed=3, parallel_tool_calls=False)
+    if stream:
+        with client.chat.completions.stream(model=MODEL, messages=MESSAGES, tools=TOOLS, max_tokens=200,
+                                            **kwargs) as events:
+            for _ in events:
+                pass
+            first = events.get_final_completion()
+    else:
+        first = _ask(client, **kwargs)
+    message = first.choices[0].message
+    [(name, arguments)] = _check_calls(message)
+    call = message.tool_calls[0]
+    result = {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 21})}
+    assistant = {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": call.id, "type": "function",
+                                 "function": {"name": name, "arguments": call.function.arguments}}]}
+    history = MESSAGES + [assistant, result]
+    final = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, tool_choice="none",
+                                           max_tokens=24, temperature=0.8, seed=3)
+    answer = final.choices[0]
+    assert answer.message.tool_calls is None and answer.finish_reason in ("stop", "length")
+    assert isinstance(answer.message.content, str)
+    # the prompt shows the call as the model wrote it: its arguments go to the template as JSON, and the template's
+    # tojson writes them back the same
+    from specdecode.chat import encode_chat
+
+    shown = MESSAGES + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": call.id, "type": "function", "function": {"name": name, "arguments": arguments}}]}, result]
+    text = tool_tokenizer.apply_chat_template(shown, tokenize=False, add_generation_prompt=True)
+    assert f'{{"name": "{name}", "arguments": {call.function.arguments}}}' in text
+    assert final.usage.prompt_tokens == len(encode_chat(tool_tokenizer, shown))
+
+
+def test_streamed_calls_assemble_to_the_whole_answer(client):
+    for seed in range(3):
+        kwargs = dict(tool_choice="required", temperature=1.0, seed=seed, max_tokens=200)
+        whole = _ask(client, **kwargs).choices[0]
+        chunks = list(_ask(client, stream=True, **kwargs))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        firsts = {}
+        for d in deltas:
+            for call in d.tool_calls or []:
+                if call.index not in firsts:  # the first delta of a call names it; arguments come after
+                    firsts[call.index] = call
+                    assert call.id.startswith("call_") and call.type == "function" and call.function.name
+                else:
+                    assert call.id is None and call.function.name is None
+        with client.chat.completions.stream(model=MODEL, messages=MESSAGES, tools=TOOLS, **kwargs) as events:
+            final = events.get_final_completion().choices[0]
+        assert final.finish_reason == whole.finish_reason == chunks[-1].choices[0].finish_reason
+        assert _check_calls(final.message) == _check_calls(whole.message)
+        assert [c.function.arguments for c in final.message.tool_calls] == \
+            [c.function.arguments for c in whole.message.tool_calls]
+        assert len(firsts) == len(whole.message.tool_calls)
+
+
+def test_greedy_calls_equal_with_speculation_on_and_off(client):
+    for choice in ("required", "auto", {"type": "function", "function": {"name": "get_weather"}}):
+        answers = []
+        for k in (0, 4):
+            res = _ask(client, tool_choice=choice, temperature=0, max_tokens=120,
+                       extra_body={"num_speculative_tokens": k})
+            message = res.choices[0].message
+            answers.append((message.content, [(c.function.name, c.function.arguments)
+                                              for c in message.tool_calls or []], res.choices[0].finish_reason))
+            if k:
+                assert res.speculative["proposed_tokens"] + res.speculative["forced_tokens"] > 0  # drafts
+        assert answers[0] == answers[1], choice
+
+
+def test_seeded_sampled_calls_are_the_same_whatever_k_each_step_took(long_pair, tool_tokenizer, monkeypatch):
+    import random
+
+    from specdecode.policy import AdaptivePolicy
+
+    outputs = set()
+    with serve(long_pair, tool_tokenizer, k="auto", max_tokens_limit=400) as srv:
+        client = openai_client(srv.url, timeout=120)
+        for policy_seed in range(3):
+            rng = random.Random(policy_seed)
+            monkeypatch.setattr(AdaptivePolicy, "choose", lambda self, rows, caps: rng.randint(0, max(caps)))
+            res = _ask(client, tool_choice="required", temperature=0.9, seed=11, max_tokens=200)
+            _check_calls(res.choices[0].message)
+            outputs.add(tuple((c.function.name, c.function.arguments) for c in res.choices[0].message.tool_calls))
+    assert len(outputs) == 1
+
+
+BAD = [
+    ("bad-schema", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "nonsense"}}}}}]}, "tools[0].function.parameters",
+     "nonsense"),
+    ("schema-not-object", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "string"}}}]}, "tools[0].function.parameters", "object"),
+    ("bad-name", {"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools[0].function.name",
+     "no spaces"),
+    ("duplicate-name", {"tools": TOOLS + TOOLS[:1]}, "tools[2].function.name", "get_weather"),
+    ("unknown-function", {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "fly"}}},
+     "tool_choice", "fly"),
+    ("choice-without-tools", {"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ("bad-choice", {"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", None),
+    ("with-response-format", {"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format",
+     "tools"),
+    ("unmatched-tool-message", {"messages": MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_a", "type": "function", "function": {
+            "name": "get_time", "arguments": '{"zone": "utc"}'}}]},
+        {"role": "tool", "tool_call_id": "call_b", "content": "12:00"}]}, "messages[2].tool_call_id", "call_b"),
+    ("tool-message-without-id", {"messages": MESSAGES + [{"role": "tool", "content": "12:00"}]},
+     "messages[1].tool_call_id", "tool_call_id"),
+    ("arguments-not-json", {"messages": MESSAGES + [
+        {"role": "assistant", "tool_calls": [{"id": "call_a", "type": "function", "function": {
+            "name": "get_time", "arguments": "{zone"}}]}]}, "messages[1].tool_calls[0].function.arguments", "JSON"),
+]
+
+
+@pytest.mark.parametrize("case, body, param, words", BAD, ids=[b[0] for b in BAD])
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_tool_input_is_a_400_naming_the_problem(server, case, body, param, words, stream):
+    r = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 8, **body,
+                                                             "stream": stream}, timeout=60)
+    error = error_shape(r)
+    assert r.status_code == 400 and error["param"] == param, r.text
+    if words:
+        assert words in error["message"], error["message"]
+
+
+def test_a_template_without_a_tool_format_is_a_400(tiny_pair, tokenizer):
+    with serve(tiny_pair, tokenizer) as srv:
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": MESSAGES, "tools": TOOLS}, timeout=60)
+        error = error_shape(r)
+        assert r.status_code == 400 and error["param"] == "tools" and error["code"] == "tools_not_supported"
+        assert "no tool format" in error["message"]
+        # "none" asks for text: fine on any template
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": MESSAGES, "tools": TOOLS,
+                                                                "tool_choice": "none", "max_tokens": 4}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert httpx.get(f"{srv.url}/health").json()["status"] == "ok"
