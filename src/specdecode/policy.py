@@ -88,7 +88,7 @@ SETTLED_STEPS = 1024       # steps of plain decoding, with nothing drafted or pr
 RECHECK_DRIFT = 0.25       # ... after which a probe re-times the draft if a plain step's cost moved this much
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # built every step: not frozen (a frozen dataclass costs ~3 us more to build)
 class Outlook:
     """Everything the loop tells the policy before a step, in one value (known before any draft is drawn)."""
 
@@ -101,7 +101,7 @@ class Outlook:
     remaining: list[int] | None = None  # [B] tokens row b still wants
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Choice:
     """The policy's answer: one K for the batch (row b drafts min(k, caps[b])), and whether it is a trial."""
 
@@ -109,7 +109,7 @@ class Choice:
     trial: bool = False  # a probe or an exploration: the drafter may bound the catch-up it feeds (still exact)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Outcome:
     """What a step did, for the rows whose K the policy chose (rows with a fixed K or a forced run left out)."""
 

@@ -40,7 +40,7 @@ class Proposal:
     parents: list[list[int]] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class DraftContext:
     """What a drafter needs for one step besides k and its uniforms, handed to propose() and never kept.
 
