@@ -118,3 +118,57 @@ def test_the_builtin_tasks_are_coding_edits():
 def test_bad_settings(kw, message):
     with pytest.raises(OptionError, match=message):
         AgentBenchSettings(**kw)
+
+
+# ------------------------------------------------------------------------ end to end, live tiny servers
+
+@pytest.fixture(scope="module")
+def tool_server(tiny_pair, tokenizer):
+    """A live tiny server whose tokenizer has Qwen2.5's chat template (tools and tool messages) and 2048 positions
+    (the template's system prompt with three tools is ~1000 tiny tokens)."""
+    import copy
+
+    from test_server_helpers import one_torch_thread  # noqa: F401
+    from test_server_helpers import serve
+    from test_server_tools import QWEN25_TEMPLATE
+
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = QWEN25_TEMPLATE.strip()
+    pair = copy.deepcopy(tiny_pair)
+    for model in pair:
+        model.config.max_position_embeddings = 2048
+    srv = serve(pair, tok, k=3, max_tokens_limit=400, request_timeout=120)
+    yield srv
+    srv.stop()
+
+
+def test_the_workload_end_to_end_against_a_live_server_and_llamacpp_function_calling(tool_server, smol_path,
+                                                                                      tmp_path):
+    from typer.testing import CliRunner
+
+    from specdecode.cli.app import app
+
+    report_path = tmp_path / "agent.json"
+    # the CLI reads built-in tasks only; a one-task run keeps the tiny context
+    result = CliRunner().invoke(app, ["bench", "serve", "--workload", "agent", "--server", f"ours={tool_server.url}",
+                                      "--peer-gguf", str(smol_path), "--threads", "1", "--nb-prompts", "1",
+                                      "--turns", "4", "--max-tokens", "80", "--json", str(report_path)])
+    assert result.exit_code == 0, result.output
+    assert "per method" in result.output and "decode vs plain" in result.output
+    report = json.loads(report_path.read_text())
+    assert report["config"]["methods"] == ["ours", PLAIN, PEER]
+    assert not report["errors"], report["errors"]
+    for method in ("ours", PLAIN, PEER):
+        totals = report["methods"][method]
+        assert totals["succeeded"] >= 1 and totals["calls"] >= 1 and totals["output_tokens"] > 0
+    # our grammar allows only valid calls; a call cut at max_tokens is the only kind that can fail the schema
+    for r in report["records"]:
+        if r["method"] != PEER and r["finish_reason"] != "length":
+            assert not r["invalid_calls"], r
+    # greedy decoding is exact: speculation changed no text and no call
+    same = report["same_text"]
+    assert same["checked"] >= 1 and same["differences"] == []
+    first = [r for r in report["records"] if r["method"] == "ours"][0]
+    assert first["tool_choice"] == "list_files" and first["tool_calls"][0]["name"] == "list_files"
+    assert first["speculative"] is not None  # our server's statistics reached the client
+

@@ -79,3 +79,29 @@ def test_memory_summary_flags_growth_and_a_cache_past_its_bound():
     assert memory_summary(flat, 10)["flat"] and memory_summary(flat, 10)["cache_within_bound"]
     with pytest.raises(ValueError, match="unknown soak classes: nope"):
         SoakSettings(url="http://x", classes=("nope",))
+
+
+def test_the_judge_flags_5xx_bare_4xx_and_bad_input_accepted():
+    import httpx
+
+    from specdecode.bench.soak import _judge
+
+    def response(status, body):
+        return httpx.Response(status, json=body)
+
+    error = {"error": {"message": "prompt: must not be empty", "type": "invalid_request_error"}}
+    assert _judge("malformed", response(400, error), b"{}")[0] is None
+    assert "500" in _judge("malformed", response(500, error), b"{}")[0]
+    assert "without an error message" in _judge("too_long", response(400, {"detail": "x"}), {})[0]
+    assert "not 4xx" in _judge("unknown_model", response(200, {"choices": []}), {})[0]
+    assert _judge("tools", response(400, error), {})[1] == "not_implemented"
+    assert "answered 429" in _judge("completion", response(429, error), {})[0]
+    ok = {"choices": [{"text": "hi", "finish_reason": "length", "logprobs": None}]}
+    assert _judge("completion", response(200, ok), {}) == (None, None, "hi")
+    assert "logprobs asked" in _judge("logprobs", response(200, ok), {})[0]
+    assert "n=2" in _judge("n_choices", response(200, ok), {})[0]
+    from specdecode.bench.soak import _check_stream
+
+    assert _check_stream('data: {"choices": []}\n\ndata: [DONE]\n\n') is None
+    assert "[DONE]" in _check_stream('data: {"choices": []}\n\n')  # cut short
+    assert "error event" in _check_stream('data: {"error": {"message": "lost"}}\n\ndata: [DONE]\n\n')

@@ -138,8 +138,10 @@ def test_the_first_output_and_the_policy_line_name_the_choice(costs_file, tiny_m
 
 
 # ---------------------------------------------------------------------------------------------- settling
-def _observe_costs(policy, c=0.57, verify=None):
-    """Two timed plain steps and two timed K=1 and K=2 steps at these costs (seconds = target steps)."""
+def _observe_costs(policy, c=0.57, verify=None, model=True):
+    """Two timed plain steps and two timed K=1 and K=2 steps at these costs (seconds = target steps), from a draft
+    model."""
+    policy.model_drafts = model
     verify = verify or {1: 1.0, 2: 1.62, 3: 2.14}
     rows = [policy.new_row()]
     for _ in range(2):
@@ -174,7 +176,7 @@ def test_the_policy_settles_where_no_draft_can_pay_and_rechecks_rarely():
     assert len(drafted) == 1 and policy.probes == 1 and policy.settled  # the probe lost: settled again
 
 
-def test_free_drafts_and_cheap_drafts_never_settle():
+def test_free_drafts_cheap_drafts_and_copying_drafters_never_settle():
     cheap = AdaptivePolicy(8)
     rows = _observe_costs(cheap, c=0.05, verify={1: 1.0, 2: 1.02, 3: 1.04})
     cheap.choose(rows, [8])
@@ -184,6 +186,10 @@ def test_free_drafts_and_cheap_drafts_never_settle():
     rows = _observe_costs(free)
     free.choose(rows, [8])
     assert not free.settled
+    copies = AdaptivePolicy(8)
+    rows = _observe_costs(copies, model=False)  # a suffix drafter's cost (or suffix+MODEL's copies): not per K
+    copies.choose(rows, [8])
+    assert not copies.settled
 
 
 def test_a_settled_session_never_asks_the_draft(tiny_pair, tokenizer):

@@ -107,6 +107,43 @@ def test_llamacpp_model_draft_takes_its_prefix_from_its_own_cache(smol_path):
     _assert_same(second, _run(cold, [question], **options))
 
 
+def _spied_draft(smol_path, rows: int, cache: int):
+    """A K = 3 generator whose model draft records the logits of every draft forward (its q, before warping)."""
+    from specdecode.backends.llamacpp import LlamaCppBackend
+    from specdecode.drafters import ModelDrafter
+
+    backend = LlamaCppBackend(smol_path, n_ctx=2048, max_rows=rows, n_threads=1)
+    forward, seen = backend.forward, []
+
+    def spy(ids, valid=None, last_only=False, output_hidden=False):
+        logits = forward(ids, valid, last_only=last_only, output_hidden=output_hidden)
+        seen.append((ids.shape[1], logits[:, -1].clone()))
+        return logits
+
+    backend.forward = spy
+    return _llama(smol_path, rows=rows, cache=cache, draft=ModelDrafter(backend), k=3), seen
+
+
+@pytest.mark.parametrize("case", ["multiple of 64", "answer re-sent"])
+def test_llamacpp_model_draft_gives_the_cold_q_from_its_cache(smol_path, case):
+    """The draft's own cache: a prompt of 128 tokens (a multiple of 64) that a parked prompt holds whole, and a
+    prompt that re-sends an earlier answer (the draft's KV of it came from one-token draft steps: not lent). Every
+    draft forward's logits, and so q and the seeded text, are bit for bit a cold run's."""
+    import torch
+
+    options = dict(temperature=1.0, seed=4)
+    (warm, warm_q), (cold, cold_q) = _spied_draft(smol_path, 2, 100_000), _spied_draft(smol_path, 1, 0)
+    first = _tokens(160 if case == "multiple of 64" else 100, 49000, seed=6)
+    answer = _run(warm, [first], max_new_tokens=50, **options).token_ids[0]
+    prompt = first[:128] if case == "multiple of 64" else first + answer[:40] + _tokens(60, 49000, seed=7)
+    warm_q.clear()
+    got, want = _run(warm, [prompt], max_new_tokens=12, **options), _run(cold, [prompt], max_new_tokens=12, **options)
+    assert warm.drafter.prefix_cache.stats.hit_tokens == 64  # 128 - 64 >= 64 tokens left; the answer not lent
+    assert [n for n, _ in warm_q[1:]] == [n for n, _ in cold_q[1:]]  # after the catch-up, the same forwards
+    assert len(warm_q) == len(cold_q) and all(torch.equal(a, b) for (_, a), (_, b) in zip(warm_q, cold_q))
+    _assert_same(got, want)
+
+
 def test_llamacpp_rows_share_a_running_rows_prefix_and_parked_ones(smol_path):
     system = _tokens(300, 49000, seed=5)
     prompts = [system + _tokens(10 + i, 49000, seed=10 + i) for i in range(3)]
@@ -143,6 +180,41 @@ def test_llamacpp_eviction_frees_sequences_and_respects_the_budget(smol_path):
     small = _llama(smol_path, rows=2, cache=200)
     _run(small, [a])
     assert small.prefix_cache.tokens == 0  # longer than the whole budget: not kept
+
+
+def test_llamacpp_a_prefix_never_reaches_into_an_answer(smol_path):
+    """A later turn re-sends an answer: its KV came from one-token decode steps, which a cold prefill computes in
+    larger forwards with other numbers, so only the earlier prompt is reused (a parked row's and a running one's)."""
+    system = _tokens(100, 49000, seed=90)
+    answer = _run(_llama(smol_path), [system], max_new_tokens=50).token_ids[0]
+    question = system + answer + _tokens(50, 49000, seed=91)  # 200 tokens: a cold prefill's one forward
+    warm, cold = _llama(smol_path, rows=2, cache=100_000), _llama(smol_path)
+    _run(warm, [system], max_new_tokens=50)  # parks 149 tokens; [128, 149) was decoded
+    second = _run(warm, [question], max_new_tokens=20)
+    assert second.row_stats[0].cached_tokens == 64  # the prompt's 100 tokens, in whole 64-token blocks
+    _assert_same(second, _run(cold, [question], max_new_tokens=20))
+    busy = _llama(smol_path, rows=2, cache=100_000)
+    session = busy.session()
+    first = session.add(busy.request(system, max_new_tokens=50, temperature=0))
+    while len(session.rows[first].tokens) < 45:  # a running row holds the prompt and most of the answer
+        session.step()
+    question = system + answer[:40] + _tokens(60, 49000, seed=93)
+    row = session.add(busy.request(question, max_new_tokens=8, temperature=0, logprobs=2))
+    while not session.idle:
+        session.step()
+    running = session.result([row])
+    assert running.row_stats[0].cached_tokens == 64
+    _assert_same(running, _run(cold, [question]))
+
+
+def test_llamacpp_a_request_that_ends_at_its_first_token_parks_its_prompt(smol_path):
+    system = _tokens(300, 49000, seed=92)
+    warm, cold = _llama(smol_path, rows=2, cache=100_000), _llama(smol_path)
+    _run(warm, [system], max_new_tokens=1)
+    assert warm.prefix_cache.tokens == 300  # the prompt's KV, kept (the first token was never fed)
+    again = _run(warm, [system], max_new_tokens=4)
+    assert again.row_stats[0].cached_tokens == 192  # [192, 300) is >= 64 tokens, as the cold [0, 300)
+    _assert_same(again, _run(cold, [system], max_new_tokens=4))
 
 
 def test_llamacpp_cancelled_rows_leave_the_cache_usable(smol_path):
@@ -205,6 +277,24 @@ def test_transformers_batch_with_and_without_hits(tiny_pair):
     assert got.token_ids == cold.generate(prompts, max_new_tokens=12, temperature=0).token_ids
 
 
+def test_transformers_lends_only_prompts_and_parks_rows_that_end_at_once(tiny_pair):
+    """One-token forwards round otherwise than a prefill's on the CPU (a matrix-vector product, one query's
+    attention): an answer's KV is not lent. A row that ends at its first token parks its prompt."""
+    target, _ = tiny_pair
+    vocab = target.config.vocab_size
+    warm, cold = AutoregressiveGenerator(target), AutoregressiveGenerator(target)
+    warm.set_prefix_cache(10_000)
+    system = _tokens(40, vocab, seed=45)
+    warm.generate([system], max_new_tokens=1)
+    assert warm.prefix_cache.tokens == 40
+    again = warm.generate([system + [5, 6]], max_new_tokens=12, temperature=0)
+    assert again.row_stats[0].cached_tokens == 40
+    question = system + [5, 6] + again.token_ids[0] + [7, 8]
+    got = warm.generate([question], max_new_tokens=8, temperature=0)
+    assert got.row_stats[0].cached_tokens == 42  # the prompt before, not the answer's 11 fed tokens
+    assert got.token_ids == cold.generate([question], max_new_tokens=8, temperature=0).token_ids
+
+
 def test_copies_of_kv_are_bounded_in_bytes(tiny_pair):
     target, _ = tiny_pair
     gen = AutoregressiveGenerator(target)
@@ -235,7 +325,10 @@ def test_index_matches_the_longest_prefix_and_drops_what_a_new_entry_extends():
         def free_rows(self):
             return 10
 
-        park = load_prefixes = kv_ref = free_rows
+        def kv_ref(self, row):
+            return f"row {row}"
+
+        park = load_prefixes = free_rows
 
     cache, backend = PrefixCache(max_tokens=100), Backend()
     cache.insert(list(range(30)), "a")
@@ -249,3 +342,10 @@ def test_index_matches_the_longest_prefix_and_drops_what_a_new_entry_extends():
     assert [e.handle for e in cache.entries] == ["c", "d"] and cache.stats.evictions == 1
     cache.record(36, 35)
     assert cache.stats.to_dict()["hit_rate"] == 35 / 36
+    cache.insert(list(range(100, 160)), "e", exact=30)  # 60 tokens held, the first 30 prefilled
+    assert cache.lookup(backend, list(range(100, 150)) + [99], [], None) == ("e", 30)
+    cache.insert(list(range(100, 170)), "f", exact=40)  # lends more of the same tokens: "e" goes
+    assert "e" not in [e.handle for e in cache.entries]
+    assert cache.lookup(backend, list(range(100, 150)) + [99], [(list(range(100, 150)), 45)], None) == ("row 0", 45)
+    cache.insert(list(range(200, 260)), "g", exact=MIN_REUSE - 1)  # too little to lend: not kept
+    assert "g" not in [e.handle for e in cache.entries]

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from specdecode.server.routing import HashRing, load_bound, place, routing_key
+from specdecode.server.routing import HashRing, Homes, load_bound, place, routing_key
 
 
 def _chat(*messages: tuple[str, str]) -> bytes:
@@ -54,6 +54,29 @@ def test_ring_rehomes_only_a_lost_replicas_keys_and_the_load_bound_spills():
     assert by == "load" and order[0] == three.walk(key)[1]
     assert place(three, key, hot, floor=11)[1] == "affinity"  # within a batch's worth: not hot
     assert place(three, key, {}, policy="load")[1] == "load"
+
+
+def test_a_served_key_stays_with_its_replica_when_another_joins():
+    """The first turns of a deployment can arrive while only one replica is up (measured on llama.cpp: all 6 chats'
+    first turns on one replica); the second replica joining must not move a conversation under way away from the
+    cache that holds it. New keys still spread by the ring, and a lost replica's keys re-home."""
+    keys = [f"conversation {i}" for i in range(200)]
+    one, two = HashRing(["a"]), HashRing(["a", "b"])
+    homes = Homes(max_keys=150)
+    for k in keys:
+        order, by = place(one, k, {}, last=homes.get(k))
+        homes.served(k, order[0])
+    moved = [k for k in keys[50:] if two.walk(k)[0] == "b"]  # the ring alone would send these to b
+    assert len(moved) > 30
+    for k in moved:
+        order, by = place(two, k, {}, last=homes.get(k))
+        assert order[0] == "a" and by == "affinity"
+    assert homes.get(keys[0]) is None  # the least recently served key was forgotten (150 at most)
+    fresh = [f"new conversation {i}" for i in range(200)]
+    assert {place(two, k, {}, last=homes.get(k))[0][0] for k in fresh} == {"a", "b"}
+    assert place(HashRing(["b"]), moved[0], {}, last=homes.get(moved[0]))[0] == ["b"]  # a gone: re-homed
+    hot = {"a": 10, "b": 0}  # its replica is hot: the load bound still spills it
+    assert place(two, moved[0], hot, last="a") == (["b", "a"], "load")
 
 
 # ---------------------------------------------------------------------------------------------- on Ray Serve
@@ -168,6 +191,7 @@ def test_affinity_keeps_one_servers_cache_share_and_a_lost_replica_rehomes(ray_u
     replicas = {dict(labels)["replica"] for labels in routed}
     assert len(replicas) == 2 and sum(routed.values()) == 18
     assert sum(v for labels, v in routed.items() if dict(labels)["by"] == "affinity") >= 12
+    print("routed:", {tuple(dict(k).values()): v for k, v in routed.items()})
     hits = _metric(metrics, "specdecode_prefix_cache_hit_tokens")
     assert {dict(labels)["replica"] for labels in hits} == replicas and sum(hits.values()) > 0
 

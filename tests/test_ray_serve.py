@@ -150,9 +150,9 @@ def test_two_replicas_serve_exactly_and_survive_a_killed_replica(ray_url, tiny_m
         assert all(f in ("RemoteProtocolError", "ReadError", 408) or (isinstance(f, int) and f >= 500)
                    for f in failures), failures
         failed_once += bool(failures)
-    # the kill did hit requests in flight: the ingress sent them again (or the client did, after a clean failure)
+    # the kill did hit requests in flight: the ingress sent them again to the live replica
     rerouted = _metric_value(httpx.get(f"{ray_url}/metrics", timeout=30).text, "specdecode_rerouted_requests_total")
-    assert failed_once + rerouted > 0
+    assert rerouted > 0
     assert _healthy(ray_url)
     print(f"\n2 replicas: 100 requests in {two_s:.1f} s; after the kill {failed_once}/{len(long_specs)} requests needed a retry, "
           f"{rerouted:g} were sent again by the ingress, failures seen: {sorted({str(f) for fs, _ in results for f in fs})}")

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from specdecode.server.batcher import Batcher, Cancelled, Done, Failed, Job, QueueFull, ShuttingDown, Started, Token
+from specdecode.server.batcher import (Batcher, Cancelled, Done, Failed, Job, QueueFull, ShuttingDown, Started,
+                                      StepFailed, Token)
 from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixture)
 from test_server_helpers import SlowGenerator as SlowSessions  # each engine step slowed, EOS ignored
 from test_server_helpers import make_generator
@@ -150,9 +151,12 @@ def test_stop_fails_queued_work_and_cancels_the_running_rows_after_the_grace(tin
     asyncio.run(run())
 
 
-def test_an_engine_failure_fails_the_running_jobs_and_the_loop_goes_on(tiny_pair, tokenizer):
+@pytest.mark.parametrize("failures", [1, 2])
+def test_an_engine_failure_reruns_the_job_alone_or_fails_it_and_the_loop_goes_on(tiny_pair, tokenizer, failures):
+    """A job whose step raised runs again from its start, alone, in a fresh session: after one failure it gets its
+    exact answer; when it fails again it fails with the error. Either way the next job is served."""
     generator = make_generator(tiny_pair, tokenizer)
-    broken = {"left": 1}
+    broken = {"left": failures}
 
     class FailingOnce:
         def __getattr__(self, name):
@@ -178,7 +182,12 @@ def test_an_engine_failure_fails_the_running_jobs_and_the_loop_goes_on(tiny_pair
         batcher.submit(first)
         batcher.start()
         items = await _drain(first)
-        assert isinstance(items[-1], Failed) and "boom" in str(items[-1].error)
+        if failures == 1:
+            assert isinstance(items[-1], Done)
+            assert items[-1].texts[0] == generator.generate("a", max_new_tokens=3, temperature=0).texts[0]
+        else:
+            assert isinstance(items[-1], Failed) and isinstance(items[-1].error, StepFailed)
+            assert "boom" in str(items[-1].error) and "failed again" in str(items[-1].error)
         second = Job(prompts=[_ids(tokenizer, "a")], max_tokens=[3], temperature=0)
         batcher.submit(second)
         return (await _drain(second))[-1]
@@ -187,6 +196,50 @@ def test_an_engine_failure_fails_the_running_jobs_and_the_loop_goes_on(tiny_pair
     batcher.stop(5)
     assert isinstance(done, Done)
     assert done.texts[0] == generator.generate("a", max_new_tokens=3, temperature=0).texts[0]
+
+
+def test_a_request_that_fails_to_join_fails_alone_and_the_worker_lives_on(tiny_pair, tokenizer):
+    """An error while a request joins the session (not a ValueError from its checks: say its grammar's matcher
+    raised) is handled as a failed step: that job fails with the error, the worker thread lives on, and the job
+    beside it and the next job are served exactly."""
+    generator = make_generator(tiny_pair, tokenizer)
+    bad_prompt = _ids(tokenizer, "poison")
+
+    class FailingJoin:
+        def __getattr__(self, name):
+            return getattr(generator, name)
+
+        def session(self, **kwargs):
+            session = generator.session(**kwargs)
+            add = session.add
+
+            def failing_add(request):
+                if list(request.prompt) == bad_prompt:
+                    raise RuntimeError("matcher exploded")
+                return add(request)
+
+            session.add = failing_add
+            return session
+
+    batcher = Batcher(FailingJoin(), max_batch_size=4)
+    solo = generator.generate("a", max_new_tokens=3, temperature=0).texts[0]
+
+    async def run():
+        good, bad = (Job(prompts=[p], max_tokens=[3], temperature=0) for p in (_ids(tokenizer, "a"), bad_prompt))
+        batcher.submit(good)
+        batcher.submit(bad)
+        batcher.start()
+        good_items, bad_items = await asyncio.gather(_drain(good), _drain(bad))
+        after = Job(prompts=[_ids(tokenizer, "a")], max_tokens=[3], temperature=0)
+        batcher.submit(after)
+        return good_items[-1], bad_items[-1], (await _drain(after))[-1]
+
+    good, bad, after = asyncio.run(run())
+    assert batcher.alive
+    batcher.stop(5)
+    assert isinstance(bad, Failed) and isinstance(bad.error, StepFailed) and "matcher exploded" in str(bad.error)
+    assert isinstance(good, Done) and good.texts[0] == solo
+    assert isinstance(after, Done) and after.texts[0] == solo
 
 
 def _until(predicate, timeout: float = 10.0) -> bool:

@@ -104,10 +104,15 @@ def test_greedy_logprobs_are_the_target_models_log_softmax(client, engine, tiny_
 def test_alternatives_that_top_k_excludes_read_the_floor(client):
     res = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0.8, seed=1, logprobs=5,
                                     extra_body={"top_k": 2})
+    checked = 0
     for listed in res.choices[0].logprobs.top_logprobs:
+        if len(listed) < 5:
+            continue  # two tokens of the same text (e.g. byte pieces shown as '\ufffd') share one key in this shape
         values = sorted(listed.values(), reverse=True)
         assert all(v > LOGPROB_FLOOR for v in values[:2]) and all(v == LOGPROB_FLOOR for v in values[2:])
         assert math.log(sum(math.exp(v) for v in values[:2])) == pytest.approx(0.0, abs=1e-4)  # all the mass
+        checked += 1
+    assert checked >= 4
 
 
 def test_completion_stream_carries_each_tokens_logprobs(server, client):

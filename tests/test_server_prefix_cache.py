@@ -65,3 +65,58 @@ def test_limits_are_checked(field):
         ServerSettings(**{field: -1})
     assert ServerSettings(max_batch_size=8, prefix_cache_rows=4).model_rows == 12
     assert ServerSettings(max_batch_size=8, prefix_cache_tokens=0).model_rows == 8
+
+
+# ---------------------------------------------------------------------------------------------- llama.cpp, a chat
+CHAT_SYSTEM = ("You are an assistant for a team of Python developers. Answer with a short explanation and a complete "
+               "code example, and name the modules you use.")
+QUESTIONS = ["How do I read a CSV file?", "And how do I write one back with a header row?",
+             "How do I parse command-line options?", "How do I time a function call?"]
+
+
+@pytest.fixture(scope="module")
+def smol_servers(smol_path):
+    """Two servers on SmolLM2 (llama.cpp, plain decoding): the prefix cache on, and off."""
+    from specdecode import AutoregressiveGenerator, load_model
+    from specdecode.backends.llamacpp import LlamaCppBackend
+    from test_server_helpers import LiveServer
+
+    from specdecode.server import create_app
+
+    tokenizer = load_model("smollm2-135m-instruct", backend="llamacpp", threads=1, progress=False,
+                           backend_options={"n_ctx": 256}).tokenizer
+    servers = []
+    for cache in (65536, 0):
+        settings = ServerSettings(max_batch_size=1, prefix_cache_tokens=cache, prefix_cache_rows=2)
+        target = LlamaCppBackend(smol_path, n_ctx=2048, max_rows=settings.model_rows, n_threads=1)
+        generator = AutoregressiveGenerator(target, tokenizer=tokenizer)
+        servers.append(LiveServer(create_app(generator, "smol", tokenizer, settings)).start())
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def _conversation(client) -> list:
+    """Four turns, each re-sending the whole history with the answers as returned; each turn's response."""
+    messages, responses = [{"role": "system", "content": CHAT_SYSTEM}], []
+    for question in QUESTIONS:
+        messages.append({"role": "user", "content": question})
+        response = client.chat.completions.create(model="smol", messages=messages, max_tokens=96, temperature=0,
+                                                  logprobs=True, top_logprobs=2)
+        messages.append({"role": "assistant", "content": response.choices[0].message.content})
+        responses.append(response)
+    return responses
+
+
+def test_a_chat_that_resends_its_answers_gets_the_cold_servers_answers(smol_servers):
+    """Later turns start with earlier answers, whose KV came from one-token decode steps: the cache lends only what
+    was prefilled, so every turn's text and log-probabilities are the cache-off server's, bit for bit."""
+    cached, cold = (openai_client(s.url) for s in smol_servers)
+    warm, plain = _conversation(cached), _conversation(cold)
+    hits = [r.usage.prompt_tokens_details.cached_tokens for r in warm]
+    assert hits[0] == 0 and hits[-1] > 0
+    assert all(h <= before.usage.prompt_tokens for h, before in zip(hits[1:], warm))  # never into an answer
+    for w, p in zip(warm, plain):
+        assert w.choices[0].message.content == p.choices[0].message.content
+        assert [(t.token, t.logprob) for t in w.choices[0].logprobs.content] == \
+            [(t.token, t.logprob) for t in p.choices[0].logprobs.content]

@@ -274,25 +274,31 @@ def test_a_rows_drafts_are_those_of_its_own_k_whatever_the_other_rows_k(width):
         assert mine.parents[0] == theirs.parents[1][:2]
 
 
-@pytest.mark.parametrize("method", ["leviathan", "chen"])
-def test_a_rows_seeded_text_does_not_depend_on_the_other_rows_of_its_batch(small_target, method, monkeypatch):
-    """A row of fixed K = 2, alone and beside rows of K = 8 with other prompts (which outlive it: nothing they write
-    reaches the history while it runs), on a 16-token vocabulary where the row's context and a history of earlier
-    samples compete at every step: the same drafts, so the same sampled text."""
+@pytest.mark.parametrize("method, others", [("leviathan", "outlive"), ("chen", "outlive"),
+                                            ("leviathan", "finish first")])
+def test_a_rows_seeded_text_does_not_depend_on_the_other_rows_of_its_batch(small_target, method, others,
+                                                                           monkeypatch):
+    """A row of fixed K = 2, alone and beside rows of K = 8, on a 16-token vocabulary where the row's context and a
+    history of earlier samples compete at every step: the same drafts, so the same sampled text. The other rows
+    have other prompts and outlive it, or hold the row's answer and finish first: what they leave in the history is
+    not for the row (it drafts from the documents there when it joined)."""
     earlier = AutoregressiveGenerator(small_target).generate([PROMPT] * 12, max_new_tokens=8, temperature=1.0,
                                                              seed=1, ignore_eos=True).token_ids
-    proposed = []
-    real = SuffixDrafter.propose
+    from specdecode.session import DecodingSession
 
-    def recording(self, k, sampling, uniforms, num_drafts):
-        proposal = real(self, k, sampling, uniforms, num_drafts)
-        proposed[-1].append([proposal.tokens[b, :n].tolist() for b, n in enumerate(num_drafts)])
+    proposed = []  # per run, per session row index: its drafts, step by step
+    real = DecodingSession._propose
+
+    def recording(self, k_rows, uniforms):
+        proposal = real(self, k_rows, uniforms)
+        for b, (row, n) in enumerate(zip(self.active, k_rows)):
+            proposed[-1].setdefault(row.index, []).append(proposal.tokens[b, :n].tolist())
         return proposal
 
-    monkeypatch.setattr(SuffixDrafter, "propose", recording)
+    monkeypatch.setattr(DecodingSession, "_propose", recording)
 
     def run(rows):
-        proposed.append([])
+        proposed.append({})
         history = history_of(*[PROMPT + t for t in earlier])
         gen = SpeculativeGenerator(small_target, SuffixDrafter(history), num_speculative_tokens=2, method=method)
         session = gen.session()
@@ -304,8 +310,12 @@ def test_a_rows_seeded_text_does_not_depend_on_the_other_rows_of_its_batch(small
         return session.result()
 
     alone = run([(PROMPT, 2, 10)])
-    batch = run([([4, 5, 6, 4, 5, 6], 8, 100), (PROMPT, 2, 10), ([1, 2, 3, 9, 9], 8, 100)])
-    assert [step[1] for step in proposed[1][:len(proposed[0])]] == [step[0] for step in proposed[0]]
+    if others == "outlive":
+        batch = run([([4, 5, 6, 4, 5, 6], 8, 100), (PROMPT, 2, 10), ([1, 2, 3, 9, 9], 8, 100)])
+    else:  # rows that end at their first token, whose prompts hold the row's own answer: in the history at once
+        answer = alone.token_ids[0]
+        batch = run([(PROMPT + answer + [0, 1], 8, 1), (PROMPT, 2, 10), (PROMPT + answer[:6], 8, 1)])
+    assert proposed[1][1] == proposed[0][0]
     assert batch.token_ids[1] == alone.token_ids[0]
     assert alone.stats.proposed_tokens > 4
 

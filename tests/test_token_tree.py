@@ -354,6 +354,7 @@ def test_llamacpp_trees_of_a_batch_whose_rows_have_few_real_nodes_fit_its_spare_
 
     rows = 12
     target = LlamaCppBackend(smol_path, n_ctx=2048, max_rows=rows, n_threads=1, token_trees=True)
+    assert target.tree_leaves == 20  # (244 spare - 1 free - 12 held) // 12 rows, + the row's own sequence
     loop = [1000 + i for i in range(30)]
     prompts = [loop * 2 + loop[:4]] + [[2000 + 40 * r + i for i in range(6)] for r in range(1, rows)]
     gen = SpeculativeGenerator(target, SuffixDrafter(SuffixHistory(0), tree_width=2), num_speculative_tokens=24)

@@ -262,7 +262,7 @@ def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None,
     On a CPU the choice rests on the draft model's costs on this machine (draft_choice.py): recorded ones, or,
     the first time, measured (the model is loaded for that, and released when it cannot pay). On a GPU the model is
     chosen without measuring. measuring: a context manager factory the CLI shows a status with."""
-    from .draft_choice import DraftChoice, choose_draft, costs_from_measurement, load_costs, save_costs
+    from .draft_choice import choose_draft, costs_from_measurement, load_costs, save_costs
 
     if not opts.draft_is_auto:
         return None, None

@@ -35,8 +35,9 @@ Settling. Where even full acceptance cannot beat plain decoding at the measured 
 draft pay: the policy settles (`settled`): choose() returns 0 at once and the loop asks the drafter nothing and
 feeds it nothing. Every SETTLED_STEPS steps it re-checks, cheaply: plain steps keep timing the target, and only
 where a plain step's cost has moved by more than RECHECK_DRIFT since it settled (the machine's load changed) does
-one probe re-time the draft and a verification (its catch-up bounded by the drafter's window). What a free draft (a copy) would give is unaffected: a drafter that drafts free is priced at
-c = 0 and never settles the policy.
+one probe re-time the draft and a verification (its catch-up bounded by the drafter's window). Only a policy
+whose drafts all come from a model settles (`model_drafts`, set by the loop for a ModelDrafter): a copying
+drafter's cost does not grow with K, and suffix+MODEL's copies can pay where its model cannot.
 
 Exploring costs. A K whose verification was never timed for this batch size is tried when, costed at a lower
 bound (no cheaper than a shorter forward measured, nor than 1/m of a longer one of m tokens), it could beat the
@@ -131,6 +132,7 @@ class Policy(ABC):
     name = "policy"
     adaptive = False  # whether K follows measurements (the loop then draws seeded sampled rows by coupling)
     settled = False  # whether it decodes plainly without looking (AdaptivePolicy: Settling): the drafter is not asked
+    model_drafts = False  # every draft comes from a model (the loop sets it for a ModelDrafter): only then may it settle
 
     def __init__(self, max_k: int, decay: float = DECAY):
         if not 0.0 < decay <= 1.0:
@@ -443,6 +445,7 @@ class AdaptivePolicy(Policy):
         self._plain_run, self._wait, self._probing = 0, PROBE_FIRST, False
         self._plain_time = 0.0  # seconds of plain steps since the last trial (probe or exploration)
         self._since_plain = 0  # steps since the last plain one
+        self.model_drafts = False  # the loop says so when every draft comes from a model (only then may it settle)
         self._settled = 0  # plain steps left before costs are re-timed, once no draft could ever pay (Settling)
         self._recheck = False  # a settled stretch just ended: the next plain step's choice is a probe
         self._settled_at = (1, 1.0)  # the batch size and plain step cost when the policy settled
@@ -545,7 +548,8 @@ class AdaptivePolicy(Policy):
         not get cheaper per token as it grows on the machines that settle; a flat curve, a GPU's, never settles)."""
         timed = {n: c.value for n, c in self._verify.get(batch_size, {}).items() if c.count >= WARM_SAMPLES}
         draft = self._draft.get(batch_size)
-        if self._free_drafts or draft is None or draft.count < WARM_SAMPLES or 1 not in timed or len(timed) < 2:
+        if not self.model_drafts or self._free_drafts or draft is None or draft.count < WARM_SAMPLES \
+                or 1 not in timed or len(timed) < 2:
             return False
         (lo, v_lo), (hi, v_hi) = sorted(timed.items())[-2:]
         slope = max(0.0, (v_hi - v_lo) / (hi - lo))

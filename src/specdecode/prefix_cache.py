@@ -7,7 +7,10 @@ tokens (a parked row's, or a running row's) starts from a copy of that KV and pr
 
 The output is the same as a cold prefill's, bit for bit: the backend says how long a reused prefix may be so
 that what is left runs through exactly the forwards a cold prefill would (`reusable_prefix`; on llama.cpp the
-size of a forward changes its numbers). Entries are evicted least recently used, under a token budget and the
+size of a forward changes its numbers). For the same reason a match never reaches past the tokens that were
+prefilled (an entry's `exact`: its prompt): the KV of generated tokens came from decode steps of 1..K+1 tokens,
+which a cold prefill of a later prompt computes in larger forwards, with other numbers (llama.cpp's kernels, and
+torch's for one-token forwards on the CPU). Entries are evicted least recently used, under a token budget and the
 backend's spare rows (llama.cpp sequences).
 """
 
@@ -28,6 +31,7 @@ class _Entry:
     tokens: np.ndarray  # what the parked KV holds, in order
     handle: object  # the backend's handle to it (dropping the handle frees the KV)
     used: int  # clock of the last hit or insertion
+    exact: int  # leading tokens whose KV was prefilled (a cold prefill computes them the same way): a match's cap
 
 
 @dataclass
@@ -77,13 +81,14 @@ class PrefixCache:
             self.record(len(prompt), hit[1] if hit else 0)
         return hits
 
-    def park(self, backend, rows: list[int], tokens: list[list[int] | None]) -> None:
+    def park(self, backend, rows: list[int], tokens: list[list[int] | None], exact: list[int]) -> None:
         """These rows leave the backend's batch (as select_rows of the others would) and their KV stays, as entries:
-        tokens[i] is what row rows[i] holds, in order (None: nothing worth keeping, its KV is freed)."""
+        tokens[i] is what row rows[i] holds, in order (None: nothing worth keeping, its KV is freed), of which the
+        first exact[i] were prefilled (its prompt: all a later prompt may reuse, see insert)."""
         held = backend.lengths
-        for b, seq, handle in zip(rows, tokens, backend.park(rows)):
+        for b, seq, n, handle in zip(rows, tokens, exact, backend.park(rows)):
             if seq is not None:
-                self.insert(seq[: held[b]], handle)
+                self.insert(seq[: held[b]], handle, exact=n)
 
     def make_room(self, backend, rows: int, keep: list) -> bool:
         """Evict until the backend can fork `rows` new rows (parked entries hold its spare rows), entries whose
@@ -99,13 +104,13 @@ class PrefixCache:
         return False
 
     def lookup(self, backend, prompt: list[int], running: list[tuple[list[int], int]], budget: int | None):
-        """(handle, n): the longest reusable prefix of prompt among the entries and the running rows (their tokens
-        and how many of them the backend holds), or None. Called just before the copy: a running row's handle is
-        valid only until it changes."""
+        """(handle, n): the longest reusable prefix of prompt among the entries and the running rows (their
+        prefilled tokens and how many of them the backend holds), or None. Called just before the copy: a running
+        row's handle is valid only until it changes."""
         want = np.asarray(prompt, dtype=np.int64)
         best, best_n = None, 0
         for entry in self.entries:
-            n = common_prefix(entry.tokens, want)
+            n = min(common_prefix(entry.tokens, want), entry.exact)
             if n > best_n:
                 best, best_n = entry, n
         best_row = None
@@ -128,14 +133,16 @@ class PrefixCache:
         self.stats.hits += hit_tokens > 0
         self.stats.hit_tokens += hit_tokens
 
-    def insert(self, tokens: list[int], handle) -> None:
-        """Park a finished row's KV (tokens: what it holds). An entry that the new one extends is dropped."""
-        if len(tokens) < MIN_REUSE or len(tokens) > self.max_tokens:
+    def insert(self, tokens: list[int], handle, exact: int | None = None) -> None:
+        """Park a finished row's KV (tokens: what it holds; exact: how many of them were prefilled, its prompt, the
+        only part a later prompt may reuse; None: all). An entry that the new one extends is dropped."""
+        exact = len(tokens) if exact is None else min(exact, len(tokens))
+        if exact < MIN_REUSE or len(tokens) > self.max_tokens:
             return
         new = np.asarray(tokens, dtype=np.int64)
-        self.entries = [e for e in self.entries if common_prefix(e.tokens, new) < len(e.tokens)]
+        self.entries = [e for e in self.entries if min(common_prefix(e.tokens, new), exact) < e.exact]
         self._clock += 1
-        self.entries.append(_Entry(new, handle, self._clock))
+        self.entries.append(_Entry(new, handle, self._clock, exact))
         self.stats.inserted += 1
         while self.tokens > self.max_tokens or self.bytes > self.max_bytes:
             self._evict()

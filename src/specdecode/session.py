@@ -23,7 +23,7 @@ import torch
 from .backends.base import caches_prefixes, max_rows, pad, tree_leaves, verifies_trees
 from .row_grammars import RowGrammars, with_forced
 from .detokenize import IncrementalDetokenizer, find_stop
-from .drafters import DraftContext, Proposal
+from .drafters import DraftContext, ModelDrafter, Proposal
 from .policy import Outcome, Outlook
 from .results import GenerationResult, RowStats, Stats, TokenEvent
 from .sampling import BatchSampling, RowGenerators
@@ -159,6 +159,8 @@ class DecodingSession:
         self.trees = verifies_trees(self.target) and not self.hidden_wanted
         if self.trees and self.drafter is not None:  # a row's tree fits whatever the other rows' trees
             self.drafter.limit_tree_leaves(tree_leaves(self.target))
+        # only drafts that all cost a model forward may settle the policy (policy.py, Settling)
+        self.policy.model_drafts = isinstance(self.drafter, ModelDrafter)
         max_k = self.policy.max_k
         self.stats = Stats(num_speculative_tokens=max_k, accepted_per_position=[0] * max_k,
                            proposed_per_position=[0] * max_k, policy="auto" if self.policy.adaptive else "fixed")
@@ -204,6 +206,15 @@ class DecodingSession:
         self.stats.num_rows += 1
         self.stats.prompt_tokens += len(request.prompt)
         return index
+
+    def abandon(self) -> None:
+        """After a step that raised: every row leaves, and nothing of the caches is parked (a failed forward may have
+        written some layers and not others). The generator's models are then free for a new session."""
+        self.target.reset(0)
+        if self.drafter is not None:
+            self.drafter.discard()
+        self.batch, self._staging = RowBatch.of([], self.target.vocab_size, self.device), None
+        self.waiting.clear()
 
     def cancel(self, index: int) -> None:
         """End a row at the next step boundary (finish_reason "cancelled"), wherever it is."""
@@ -282,7 +293,9 @@ class DecodingSession:
         prompts = [r.request.prompt for r in rows]
         hits = [None] * len(rows)
         if self.prefix_cache is not None:
-            running = [(r.request.prompt + r.tokens, n) for r, n in zip(self.active, self.target.lengths)]
+            # a running row's prompt only: its answer's KV came from decode steps, not a prefill (prefix_cache.py)
+            running = [(r.request.prompt, min(n, len(r.request.prompt)))
+                       for r, n in zip(self.active, self.target.lengths)]
             hits = self.prefix_cache.admit(self.target, prompts, running, self.prefill_tokens_per_step, len(copies))
         fork = self.target.fork(len(rows))
         if any(hits):
@@ -347,13 +360,25 @@ class DecodingSession:
             if r.finish_reason is None and i not in keep:
                 r.finish_reason = "cancelled"
         if keep:
-            fork.select_rows(keep)
+            self._park_joined(rows, fork, keep)
             self.target.merge(fork)
             if drafter is not None:
                 drafter.select_rows(keep)
                 self.drafter.merge(drafter)
             self.batch = self.batch.extend(joined.select(keep))
+        else:
+            self._park_joined(rows, fork, keep)
         return events
+
+    def _park_joined(self, rows: list[Row], fork, keep: list[int]) -> None:
+        """Rows that finished at their first token leave the fork before it merges; with a prefix cache their
+        prompt's KV is parked, so that the same prompt next does not prefill again."""
+        gone = [i for i in range(len(rows)) if i not in set(keep)]
+        if self.prefix_cache is None or not gone:
+            fork.select_rows(keep)
+            return
+        prompts = [rows[i].request.prompt for i in gone]
+        self.prefix_cache.park(fork, gone, prompts, [len(p) for p in prompts])
 
     # ------------------------------------------------------------------ one speculative step
     def _decode_step(self) -> list[TokenEvent]:
@@ -559,8 +584,9 @@ class DecodingSession:
             return
         kept = set(keep)
         gone = [i for i in range(len(self.active)) if i not in kept]
-        self.prefix_cache.park(self.target, gone, [self.active[i].request.prompt + self.active[i].tokens
-                                                   for i in gone])
+        rows = [self.active[i] for i in gone]
+        self.prefix_cache.park(self.target, gone, [r.request.prompt + r.tokens for r in rows],
+                               [len(r.request.prompt) for r in rows])
 
     def result(self, indices: list[int] | None = None) -> GenerationResult:
         """The GenerationResult of these rows (all by default), with the session's statistics."""

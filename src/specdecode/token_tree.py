@@ -105,7 +105,7 @@ def verify_tree_sampled(tokens: list[int], parents: list[int], probs: torch.Tens
             if float(u[c]) < float(p[x]):
                 kept = c
                 break
-            p = one_hot_residual(p, torch.tensor(x))
+            p = one_hot_residual(p, torch.tensor(x, device=p.device))
         if kept is None:
             return path, int(sample_with_uniforms(p, u[len(tokens)]))
         path.append(kept)

@@ -192,15 +192,27 @@ def check_tool_messages(messages: list[dict]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the grammar
-def tool_grammar(tools: list[Tool], choice: str, parallel: bool = True) -> str:
+def markers(tokenizer) -> tuple[str, str]:
+    """`<tool_call>` and `</tool_call>` as Lark terms for this tokenizer: a token of their own where the vocabulary
+    has one (Qwen2.5's added tokens 151657 and 151658, which the grammar engine reads as special tokens, written
+    `<[id]>`), their text otherwise."""
+    terms = []
+    for text in (OPEN, CLOSE):
+        added = (tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}).get(text)
+        terms.append(f"<[{added}]>" if added is not None else json.dumps(text))
+    return terms[0], terms[1]
+
+
+def tool_grammar(tools: list[Tool], choice: str, parallel: bool = True,
+                 marks: tuple[str, str] = (json.dumps(OPEN), json.dumps(CLOSE))) -> str:
     """The Lark grammar (llguidance's dialect) of an answer under tool_choice `choice` ("auto", "required" or a
     tool's name): calls of the allowed tools, arguments valid under their schemas; with "auto" also free text
-    without `<tool_call>` in it."""
+    without `<tool_call>` in it. marks: the tokenizer's markers() (their text by default)."""
     allowed = [t for t in tools if t.name == choice] if choice not in ("auto", "required") else tools
     rules = []
     for i, tool in enumerate(allowed):
-        head = json.dumps(HEAD + tool.name + NAME_END)
-        rules.append(f"call_{i}: {head} args_{i} {json.dumps(TAIL)}")
+        head = json.dumps(HEAD[len(OPEN):] + tool.name + NAME_END)
+        rules.append(f"call_{i}: {marks[0]} {head} args_{i} {json.dumps(TAIL[:-len(CLOSE)])} {marks[1]}")
         rules.append(f"args_{i}: %json {json.dumps(_layout(tool.parameters))}")
     calls = "call" if not parallel or choice not in ("auto", "required") else f'call ({json.dumps(SEPARATOR)} call)*'
     start = "start: TEXT | calls" if choice == "auto" else "start: calls"
@@ -284,8 +296,11 @@ class ToolCallParser:
                 piece, current.complete = rest[:end], True
                 self._done += end + len(TAIL)
             else:
-                piece = rest if final else rest[:len(rest) - _held(rest, TAIL)]
-                self._done += len(piece)
+                held = _held(rest, TAIL)
+                piece = rest if final else rest[:len(rest) - held]
+                if final and held and _is_json(current.arguments + rest[:-held]):  # whole, cut in the closing marker
+                    piece, current.complete = rest[:-held], True
+                self._done += len(rest) if current.complete else len(piece)
             if piece:
                 current.arguments += piece
                 deltas.append({"index": current.index, "function": {"arguments": piece}})
@@ -296,6 +311,14 @@ class ToolCallParser:
             deltas.append({"content": self._text[self._done:]})
             self._done = len(self._text)
         return deltas
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _held(text: str, marker: str) -> int:

@@ -182,7 +182,9 @@ class HFBackend:
             self.cache, self.mask, self._lengths, self._slots = other.cache, other.mask, list(other._lengths), other._slots
             return
         width = max(self._slots, other._slots)
-        if width:
+        if not width:  # nothing cached on either side: the next forward makes the merged batch's rows
+            self.cache = DynamicCache()
+        else:
             if not self._slots:  # rows with nothing cached yet (a lazily prefilled draft): all slots are holes
                 self.cache = other.cache.__class__()
                 self.cache.layers = [_empty_like(layer, len(self._lengths)) for layer in other.cache.layers]
@@ -280,6 +282,15 @@ class HFBackend:
             self.mask = None
 
     def _crop_to(self, slots: int) -> None:
+        if slots == 0:
+            # No slot left: a new cache, whose rows the next forward makes. transformers' layers ignore a row
+            # selection while they hold no slot (batch_select_indices), so an emptied cache would keep its old batch
+            # size through rows leaving or joining, and the next forward would not match it.
+            self.cache = DynamicCache()
+            if self.mask is not None:
+                self.mask = self.mask[:, :0]
+            self._slots = 0
+            return
         if slots < self._slots:
             self.cache.crop(slots - self._slots)  # transformers 5.x: a negative count of slots to remove
             if self.mask is not None:

@@ -79,6 +79,7 @@ EXTRA_REQUIREMENTS = ("llama-cpp-python",)
 PORTABLE_LLAMA_CMAKE = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
                         "-DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF "
                         "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_AVX_VNNI=OFF "
+                        "-DGGML_OPENMP=OFF "  # ggml's own thread pool: no libgomp.so.1 needed on the machine
                         # what the binding loads only, as CI builds it (.ci/run): no multimodal or common library
                         f"-DLLAVA_BUILD=OFF -DCMAKE_PROJECT_INCLUDE={REPO / 'deploy' / 'llama-cpp-lean.cmake'}")
 DEFAULT_PAIR_RESULT = REPO / "docs" / "results" / "llamacpp-code.json"
@@ -216,7 +217,7 @@ def prepare(folder: Path = WHEELS, build_llama: bool = True) -> dict:
 def build_portable_llama(folder: Path, version: str) -> Path:
     """llama-cpp-python built from source without -march=native (AVX2/FMA/F16C; no AVX-512, no AMX), so it runs on
     any x86-64 machine of the last decade. It loads libllama through ctypes: the Python code is version-free, so the
-    wheel is retagged py3-none and installs on the machine's Python 3.12."""
+    wheel is (or is re-tagged) py3-none and installs on the machine's Python 3.12."""
     with tempfile.TemporaryDirectory() as build:
         env = dict(os.environ, CMAKE_ARGS=PORTABLE_LLAMA_CMAKE, FORCE_CMAKE="1", CMAKE_BUILD_PARALLEL_LEVEL="2")
         subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-binary=llama-cpp-python",
@@ -228,7 +229,9 @@ def build_portable_llama(folder: Path, version: str) -> Path:
 def retag_py3_none(path: Path) -> Path:
     """The wheel renamed and re-tagged py3-none-PLATFORM (its WHEEL file's Tag lines and RECORD hash rewritten),
     for a package whose Python code works on any CPython 3 (llama-cpp-python loads its library with ctypes)."""
-    name, version, _python, _abi, plat = path.name[: -len(".whl")].split("-")
+    name, version, python, abi, plat = path.name[: -len(".whl")].split("-")
+    if (python, abi) == ("py3", "none"):  # llama-cpp-python's own build tags it so
+        return path
     new = path.with_name(f"{name}-{version}-py3-none-{plat}.whl")
     with zipfile.ZipFile(path) as src, zipfile.ZipFile(new, "w", zipfile.ZIP_DEFLATED) as dst:
         record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
@@ -273,16 +276,17 @@ def forward_costs(backend, batch: int, context: int, ns, repeats: int, deadline:
     base = backend.lengths
     inputs = {n: torch.randint(0, vocab, (batch, n), generator=gen).to(device) for n in ns}
     times = {n: [] for n in ns}
-    for rep in range(repeats + 1):  # the first round warms up (and lets the static backend capture its graphs)
+    warm = 2  # untimed rounds: the static backend captures a step's CUDA graph the second time it sees its shape
+    for rep in range(repeats + warm):
         for n in ns:
             _sync(device)
             start = time.perf_counter()
             backend.forward(inputs[n])
             _sync(device)
-            if rep:
+            if rep >= warm:
                 times[n].append(time.perf_counter() - start)
             backend.trim(base)
-        if rep >= 2 and deadline.passed():
+        if rep >= warm + 1 and deadline.passed():
             break
     return {n: statistics.median(t) for n, t in times.items() if t}
 

@@ -256,7 +256,8 @@ def run_session(chat, method: str, task: AgentTask, settings: AgentBenchSettings
         if not record.tool_calls or record.finish_reason == "length":
             break  # a text answer ends the session; a call cut at max_tokens cannot be run
         calls = [{**c, "id": c["id"] or f"call_{uuid.uuid4().hex[:12]}"} for c in record.tool_calls]
-        messages.append({"role": "assistant", "content": record.text or None, "tool_calls": [
+        # content "" rather than null: some chat templates (SmolLM2's) concatenate it as a string
+        messages.append({"role": "assistant", "content": record.text, "tool_calls": [
             {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
             for c in calls]})
         messages += [{"role": "tool", "tool_call_id": c["id"], "content": repo.run(c["name"], c["arguments"])}

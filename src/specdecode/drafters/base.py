@@ -139,6 +139,11 @@ class Drafter:
         """Keep only these rows of the batch."""
         raise NotImplementedError
 
+    def discard(self) -> None:
+        """Drop every row and keep nothing of them (after a failed step, whose forward may have left the cache half
+        written: nothing of it may be parked for later prompts)."""
+        self.select_rows([])
+
     def fork(self, batch_size: int) -> "Drafter":
         """An empty drafter on the same model for new rows (continuous batching: prefilled, then merged)."""
         raise NotImplementedError

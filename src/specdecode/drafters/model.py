@@ -52,6 +52,7 @@ class ModelDrafter(Drafter):
         self.catch_up_tokens = 0  # ... which fed this many tokens over all rows
         self.prefix_cache: PrefixCache | None = None
         self._history: list[list[int] | None] = []  # per row, the tokens its cache holds a prefix of (None: unknown)
+        self._prompt_lengths: list[int] = []  # per row, the history's prefilled part: all a cached entry may lend
 
     def set_prefix_cache(self, max_tokens: int) -> None:
         self.prefix_cache = PrefixCache(max_tokens) if max_tokens and caches_prefixes(self.backend) else None
@@ -62,6 +63,7 @@ class ModelDrafter(Drafter):
         rows, masks = input_ids.tolist(), valid.tolist() if valid is not None else None
         self._pending = [[t for j, t in enumerate(r) if masks is None or masks[b][j]] for b, r in enumerate(rows)]
         self._history = [list(p) for p in self._pending]
+        self._prompt_lengths = [len(p) for p in self._pending]
         self._fed = []
         self._proposed = 0
         lengths = self.backend.lengths
@@ -96,6 +98,7 @@ class ModelDrafter(Drafter):
         self.backend.merge(other.backend)
         self._pending += other._pending
         self._history += other._history
+        self._prompt_lengths += other._prompt_lengths
         self.forward_calls += other.forward_calls
 
     def max_drafts(self, k: int) -> list[int]:
@@ -205,13 +208,21 @@ class ModelDrafter(Drafter):
         self._pending = [e[c:] for e, c in zip(emitted, cached)]
         self._proposed, self._fed = 0, []  # _fed describes one proposal only: rows may join or leave before the next
 
+    def discard(self) -> None:
+        self.backend.reset(0)  # no park(): a failed forward may have written some layers and not others
+        self._pending, self._history, self._fed, self._chain, self._proposed = [], [], [], [], 0
+        self._prompt_lengths = []
+
     def select_rows(self, rows: list[int]) -> None:
         gone = [b for b in range(len(self._pending)) if b not in set(rows)]
         if self.prefix_cache is not None and gone:  # rows that leave park their KV for prompts that start the same
-            self.prefix_cache.park(self.backend, gone, [self._history[b] for b in gone])
+            # its drafts' KV came from 1-token forwards: only the prompt's is lent
+            self.prefix_cache.park(self.backend, gone, [self._history[b] for b in gone],
+                                   [self._prompt_lengths[b] for b in gone])
         else:
             self.backend.select_rows(rows)
         self._history = [self._history[r] for r in rows] if self._history else []
+        self._prompt_lengths = [self._prompt_lengths[r] for r in rows] if self._prompt_lengths else []
         self._pending = [self._pending[r] for r in rows]
         self._fed = [self._fed[r] for r in rows] if self._fed else []
 

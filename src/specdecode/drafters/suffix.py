@@ -8,7 +8,9 @@ the same tool output, boilerplate shared across users. `suffix_index.py` has the
 
 Each row has its own index (prompt + emitted tokens); a `SuffixHistory` holds finished rows' prompts and outputs,
 per key, least recently used first out, at most max_tokens. A row joins the history when it leaves the batch
-(select_rows: the session drops finished rows), so the next request of the same text drafts its whole answer.
+(select_rows: the session drops finished rows), so the next request of the same text drafts its whole answer. A row
+drafts only from the documents that were there when it joined, never from the rows of its own batch that finished
+before it: what it drafts does not depend on them.
 The draft of the row's own context and the history's compete: the higher score (expected accepted tokens) wins,
 scored at the row's own K (own_k), never the batch's widest, so a row drafts what it would draft alone.
 
@@ -62,6 +64,7 @@ class SuffixDrafter(Drafter):
         self.max_leaves: int | None = None  # leaves a row's tree may have (limit_tree_leaves)
         self._rows: list[TokenLog] = []
         self._keys: list = []
+        self._marks: list[int] = []  # per row, the history's next_id when it joined: it drafts from what came before
         self._pending: deque = deque()  # keys of rows not joined yet: shared with forks, where rows join
         self._drafts: tuple[int, list[Draft]] | None = None  # (k, drafts) that max_drafts found this step
         self._own_k: list[int] | None = None  # each row's own K this step (own_k), None: the k asked
@@ -94,6 +97,7 @@ class SuffixDrafter(Drafter):
         self._leave(range(len(self._rows)))
         self._rows = [self._new_row([t for t, v in zip(r, m) if v]) for r, m in zip(rows, masks)]
         self._keys = [self._next_key() for _ in rows]
+        self._marks = [self.history.next_id] * len(rows)
         self._drafts = self._own_k = None
 
     @staticmethod
@@ -111,7 +115,8 @@ class SuffixDrafter(Drafter):
     def merge(self, other: "SuffixDrafter") -> None:
         self._rows += other._rows
         self._keys += other._keys
-        other._rows, other._keys = [], []
+        self._marks += other._marks
+        other._rows, other._keys, other._marks = [], [], []
         self._drafts = self._own_k = None
 
     def select_rows(self, rows: list[int]) -> None:
@@ -120,6 +125,7 @@ class SuffixDrafter(Drafter):
         self._leave(i for i in range(len(self._rows)) if i not in kept)
         self._rows = [self._rows[r] for r in rows]
         self._keys = [self._keys[r] for r in rows]
+        self._marks = [self._marks[r] for r in rows]
         self._drafts = self._own_k = None
 
     def _leave(self, indices) -> None:
@@ -140,7 +146,8 @@ class SuffixDrafter(Drafter):
         own = speculate(log, tail, k, self.min_prob, self.factor, self.offset)
         if not self.history.max_tokens:
             return self._with_tree(own, k)
-        shared = self.history.speculate(tail, self._keys[b], k, self.min_prob, self.factor, self.offset)
+        shared = self.history.speculate(tail, self._keys[b], k, self.min_prob, self.factor, self.offset,
+                                        self._marks[b])
         if self._trees:
             own, shared = self._with_tree(own, k), self._with_tree(shared, k)
         if (shared.tree[2] <= own.tree[2]) if self._trees else (shared.score <= own.score):

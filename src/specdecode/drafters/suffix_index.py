@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import heapq
 import threading
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
@@ -225,15 +225,17 @@ class TokenLog:
                 head[i, b] = p
 
     # ------------------------------------------------------------------ lookups
-    def match(self, tail: list[int], walk: int = WALK):
+    def match(self, tail: list[int], walk: int = WALK, before: int | None = None):
         """(ends, lengths): the most recent occurrences (newest first) of the longest indexed n-gram that ends
         `tail`, as the positions where they end and their true match lengths (<= len(tail)). Occurrences with
-        nothing after them in the log (the context's own tail) are left out."""
+        nothing after them in the log (the context's own tail) are left out, and so are those in documents of id
+        `before` or later (added after a row joined)."""
+        stop = self.start_of(before)
         for i in reversed(range(len(NGRAMS))):
             n = NGRAMS[i]
             if n > len(tail):
                 continue
-            found = self._walk(i, _bucket(_hash(tail[-n:]), self._bits), walk)
+            found = self._walk(i, _bucket(_hash(tail[-n:]), self._bits), walk, stop)
             if not found:
                 continue
             ends = np.array(found, np.int64)
@@ -243,9 +245,16 @@ class TokenLog:
                 return ends[keep], lengths[keep]
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
 
-    def _walk(self, i: int, bucket: int, walk: int) -> list[int]:
+    def start_of(self, doc_id) -> int:
+        """Where the first document of id doc_id or later starts (ids grow along the log); the log's end if none."""
+        if doc_id is None:
+            return self.size
+        i = bisect_left(self._ids, doc_id)
+        return self._starts[i] if i < len(self._ids) else self.size
+
+    def _walk(self, i: int, bucket: int, walk: int, stop: int) -> list[int]:
         prev = self._prev[i]
-        p, found, last = int(self._head[i, bucket]), [], self.size - 1
+        p, found, last = int(self._head[i, bucket]), [], min(self.size - 1, stop)
         while p >= 0 and len(found) < walk:
             if p < last:
                 found.append(p)
@@ -267,14 +276,14 @@ class TokenLog:
 
 # ---------------------------------------------------------------------------------------------- drafting
 def speculate(log: TokenLog, tail: list[int], max_tokens: int, min_prob: float, factor: float = 1.0,
-              offset: float = 0.0) -> Draft:
+              offset: float = 0.0, before: int | None = None) -> Draft:
     """The best draft of at most max_tokens from log for a context ending in tail (SuffixDecoding's path
     speculation): for each match length m found, the most frequent path below it, cut at m * factor + offset
     tokens and where the estimated acceptance falls below min_prob; the highest score wins (ties: the longer
     match)."""
     if max_tokens <= 0 or not tail:
         return Draft()
-    ends, lengths = log.match(tail)
+    ends, lengths = log.match(tail, before=before)
     if not len(ends):
         return Draft()
     rows, lengths, ends = log.following(ends, max_tokens), lengths.tolist(), ends.tolist()
@@ -404,14 +413,20 @@ class SuffixHistory:
             if log.empty:
                 del self._logs[key]
 
+    @property
+    def next_id(self) -> int:
+        """The id the next document gets: a row that joins now drafts from the documents before it (before=)."""
+        return self._next_id
+
     def speculate(self, tail: list[int], key, max_tokens: int, min_prob: float, factor: float = 1.0,
-                  offset: float = 0.0) -> Draft:
-        """The best draft from key's documents (see `speculate`), with the documents it came from."""
+                  offset: float = 0.0, before: int | None = None) -> Draft:
+        """The best draft from key's documents (see `speculate`), with the documents it came from; only those of
+        ids below `before` when given."""
         with self._lock:
             log = self._logs.get(key)
             if log is None:
                 return Draft()
-            draft = speculate(log, tail, max_tokens, min_prob, factor, offset)
+            draft = speculate(log, tail, max_tokens, min_prob, factor, offset, before)
             draft.docs = {log.doc_at(end) for end in draft.ends}
             return draft
 

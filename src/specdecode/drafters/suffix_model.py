@@ -107,6 +107,10 @@ class SuffixModelDrafter(Drafter):
         self.suffix.select_rows(rows)
         self._copied, self._drafted, self._model_tokens = None, [], None
 
+    def discard(self) -> None:
+        self.model_drafter.discard()
+        self.select_rows([])
+
     def set_prefix_cache(self, max_tokens: int) -> None:
         self.model_drafter.set_prefix_cache(max_tokens)
 

@@ -11,6 +11,14 @@ as soon as it finishes.
 
 A job cancelled while queued leaves the queue at once; a job cancelled while running (client gone, timeout) has
 its rows cancelled before the next step, which frees them within that step; the other rows do not notice.
+
+A step that raises loses the state of every row in the session (a failed forward may leave a cache half written,
+and nothing says which row caused it). The session is abandoned (nothing of it parked in a prefix cache) and a
+fresh one takes over. Each job that was in it runs again from its start, alone (nothing else joins while it runs,
+so a request that breaks steps fails by itself), unless its client has already been sent some of its tokens (a
+stream) or it failed once already: those fail with a StepFailed that names the error (a 500, or an error event
+in the stream). A non-streaming job's client sees nothing of the first attempt: greedy and seeded requests get the
+answer they would have got without the failure. Queued jobs never notice.
 """
 
 from __future__ import annotations
@@ -38,6 +46,10 @@ class ShuttingDown(Exception):
 
 class Cancelled(Exception):
     """The job was cancelled (client gone, timeout, shutdown)."""
+
+
+class StepFailed(Exception):
+    """An engine step that decoded the job's rows raised, and the job could not run again (see the module's doc)."""
 
 
 # Items a job's queue receives, in order: Started, Token*, then Done or Failed.
@@ -108,6 +120,7 @@ class Job:
     json_object: bool = False  # ...or is any JSON object
     grammar: str | None = None  # ...or follows this Lark grammar (a request's tool calls)
     logprobs: int | None = None  # None: off; N: each token's logprob and the N likeliest alternatives
+    streaming: bool = False  # its tokens go to the client as they come (so a job that has sent some cannot rerun)
     engine_requests: list | None = None  # one engine Request per row, built once by prepare()
     loop: asyncio.AbstractEventLoop | None = None
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -122,6 +135,9 @@ class Job:
     joined: float = 0.0
     first_call: int = 0  # the session's target forward calls when the job joined
     last_token: dict = field(default_factory=dict)  # row -> time its last token was routed
+    tokens_sent: int = 0  # Token items posted (in this attempt)
+    attempts: int = 0  # attempts that a failed step ended
+    solo: bool = False  # runs again after a failed step: alone in the session
 
     def post(self, item) -> None:
         """Hand an item to the job's event loop (from any thread)."""
@@ -277,20 +293,19 @@ class Batcher:
                 if self._stopping and not self._running:
                     return
                 joining = self._take_jobs()
-            for job in joining:
-                self._join(job)
-            self._cancel_rows()
-            if self.session.idle:
-                continue
-            try:
+            try:  # joining and cancelling too: nothing a request brings may end the worker thread
+                for job in joining:
+                    self._join(job)
+                self._cancel_rows()
+                if self.session.idle:
+                    continue
                 # First tokens of joining rows go out before the running rows' step: one step less of TTFT.
                 admitted = self.session.admit()
                 self._route(admitted, step=False)
                 self._route(self.session.decode(), first_tokens=len(admitted))
-            except Exception as exc:  # never let the worker die: fail the batch, start a fresh session
-                log.exception("engine step failed")
-                self._fail_running(exc)
-                self.session = self._new_session()
+            except Exception as exc:  # never let the worker die: rerun or fail the step's jobs in a fresh session
+                log.exception("engine step failed (rows of %d requests)", len(self._running))
+                self._recover(exc)
                 continue
 
     def _new_session(self):
@@ -301,9 +316,18 @@ class Batcher:
         """Under the lock: queued jobs, oldest first, while the session has room for all their rows."""
         if self._stopping or (not self.join_running and self._running):
             return []
+        if any(j.solo for j in self._running):
+            return []  # a job rerunning after a failed step runs alone
+        if self._pending and self._pending[0].solo:
+            if self._running:
+                return []
+            job = self._pending.popleft()
+            job.state = "running"
+            self._running.append(job)
+            return [job]
         room = self.max_batch_size - sum(j.open_rows for j in self._running)
         taken = []
-        while self._pending and self._pending[0].num_rows <= room:
+        while self._pending and self._pending[0].num_rows <= room and not self._pending[0].solo:
             job = self._pending.popleft()
             room -= job.num_rows
             job.state = "running"
@@ -351,6 +375,7 @@ class Batcher:
                 continue
             job, index = owner
             job.post(Token(index, event))
+            job.tokens_sent += 1
             self._observe_token(job, event.row, now, counts[event.row])
             if event.finished:
                 self._owner.pop(event.row, None)
@@ -384,10 +409,36 @@ class Batcher:
             if job in self._running:
                 self._running.remove(job)
 
-    def _fail_running(self, exc: BaseException) -> None:
-        for job in list(self._running):
-            self._finish(job, Failed(exc))
+    def _recover(self, exc: BaseException) -> None:
+        """After a step raised: a fresh session; the jobs that were in the old one run again alone, in order, at the
+        head of the queue, or fail (see the module's doc)."""
+        try:
+            self.session.abandon()
+        except Exception:  # the models are reset by the new session in any case
+            log.exception("abandoning the failed session")
+        self.session = self._new_session()
         self._owner.clear()
+        if self.metrics is not None:
+            self.metrics.step_failures.inc()
+        error = f"{type(exc).__name__}: {exc}"
+        again = []
+        for job in list(self._running):
+            job.attempts += 1
+            if job.attempts > 1 or (job.streaming and job.tokens_sent):
+                why = "its tokens were already streamed" if job.attempts == 1 else "it failed again when run alone"
+                self._finish(job, Failed(StepFailed(f"an engine step that decoded this request failed ({error}); "
+                                                    f"it was not run again: {why}")))
+                continue
+            job.rows, job.open_rows, job.peak_rows, job.tokens_sent, job.solo = [], 0, 0, 0, True
+            job.last_token.clear()
+            again.append(job)
+        with self._cond:
+            for job in again:
+                self._running.remove(job)
+                job.state = "queued"
+            self._pending.extendleft(reversed(again))
+        if self.metrics is not None and again:
+            self.metrics.step_retries.inc(len(again))
 
 
 def _job_stats(job: Job, result: GenerationResult, session: Stats, now: float) -> Stats:

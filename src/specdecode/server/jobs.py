@@ -45,6 +45,7 @@ class JobRunner:
         """Submit and wait until the job joins the engine's batch (errors until then are raised, to be answered with their
         status code); then the SSE events of its tokens, as an async iterator."""
         await self._prepare(job)
+        job.streaming = True
         self._submit(job)
         try:
             while True:

@@ -52,6 +52,10 @@ class ServerMetrics:
                                        f"{TOKENS_PER_S_WINDOW_S:g} s.", registry=r)
         self.cancelled = Counter("specdecode_cancelled_requests", "Generation requests cancelled, by reason.",
                                  ["reason"], registry=r)
+        self.step_failures = Counter("specdecode_engine_step_failures", "Engine steps that raised (their session "
+                                     "was replaced; see specdecode_engine_step_retries).", registry=r)
+        self.step_retries = Counter("specdecode_engine_step_retries", "Generation requests run again from their "
+                                    "start, alone, after a step that decoded them raised.", registry=r)
         self.rejected = Counter("specdecode_rejected_requests", "Generation requests refused, by reason.",
                                 ["reason"], registry=r)
         self.queue_depth = Gauge("specdecode_queue_depth", "Generation requests waiting for the engine.",
@@ -128,8 +132,12 @@ class ServerMetrics:
 
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, ... (on Linux)
 
+        def history_of(drafter):  # a suffix draft's, or the suffix half's of suffix+MODEL
+            found = getattr(drafter, "history", None)
+            return found if found is not None else getattr(getattr(drafter, "suffix", None), "history", None)
+
         def history(name):
-            return lambda: getattr(getattr(drafter_of(), "history", None), name, 0) or 0
+            return lambda: getattr(history_of(drafter_of()), name, 0) or 0
 
         for name, attribute, doc in (("tokens", "tokens", "Tokens the suffix draft's history holds."),
                                      ("max_tokens", "max_tokens", "The suffix draft history's bound on tokens."),

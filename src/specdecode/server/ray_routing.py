@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ray.serve.request_router import RequestRouter
 
-from specdecode.server.routing import LOAD_BOUND, HashRing, place, routing_stats
+from specdecode.server.routing import LOAD_BOUND, HashRing, Homes, place, routing_stats
 
 MAX_PENDING_CHOICES = 10_000
 
@@ -22,8 +22,9 @@ class PrefixAffinityRouter(RequestRouter):
     def initialize_state(self, policy: str = "affinity", load_bound: float = LOAD_BOUND, load_floor: int = 1):
         self.policy, self.load_bound, self.load_floor = policy, load_bound, load_floor
         self._ring, self._ring_ids = HashRing(()), ()
-        self._choices: dict = {}  # internal request id -> (first choice, how it was chosen)
+        self._choices: dict = {}  # internal request id -> (first choice, how it was chosen, its key)
         self._routed: dict = {}  # internal request id -> the replica it went to, until it completes
+        self._homes = Homes()  # key -> the replica that served it last: a joining replica takes only new keys
 
     async def choose_replicas(self, candidate_replicas, pending_request=None):
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
@@ -36,23 +37,26 @@ class PrefixAffinityRouter(RequestRouter):
         if live != self._ring_ids:
             self._ring, self._ring_ids = HashRing(live), live
             routing_stats().forget(live)
-        order, by = place(self._ring, kwargs.get("routing_key"), routing_stats().snapshot()["in_flight"],
-                          self.policy, self.load_bound, self.load_floor)
+        key = kwargs.get("routing_key")
+        order, by = place(self._ring, key, routing_stats().snapshot()["in_flight"], self.policy, self.load_bound,
+                          self.load_floor, self._homes.get(key))
         order = [by_id[r] for r in order if r in by_id]
         if not order:
             return [candidate_replicas]
         if pending_request is not None and "routing_key" in kwargs:  # a generation request: counted
             if len(self._choices) > MAX_PENDING_CHOICES:  # requests chosen for but never routed (cancelled)
                 self._choices.clear()
-            self._choices[pending_request.metadata.internal_request_id] = (order[0].replica_id.unique_id, by)
+            self._choices[pending_request.metadata.internal_request_id] = (order[0].replica_id.unique_id, by, key)
         return [order[:1], order[1:]] if len(order) > 1 else [order]
 
     def on_request_routed(self, pending_request, replica_id, result):
         request_id = pending_request.metadata.internal_request_id
-        first, by = self._choices.pop(request_id, (None, None))
+        first, by, key = self._choices.pop(request_id, (None, None, None))
         if first is None:
             return  # a pinned call (a metrics scrape), not a generation request
         routing_stats().routed_to(replica_id.unique_id, by if replica_id.unique_id == first else "load")
+        if self.policy != "load":
+            self._homes.served(key, replica_id.unique_id)
         self._routed[request_id] = replica_id.unique_id
 
     def on_request_completed(self, replica_id, internal_request_id):

@@ -143,12 +143,15 @@ class SpecdecodeIngress:
                 log.warning("a replica was lost before it answered (%s): sending the request again", exc)
                 routing_stats().reroute()
                 continue
+            except StopAsyncIteration:  # the app ended without an answer (not seen: its error handlers answer)
+                return Response(_error_body("the replica ended the request without an answer", "no_answer"),
+                                status_code=502, media_type="application/json")
             headers = {k: v for k, v in head["headers"] if k.lower() not in ("content-length", "transfer-encoding")}
             if chunks is not None:
                 return Response(b"".join(chunks), status_code=head["status"], headers=headers)
             return StreamingResponse(_rest_of_stream(call), status_code=head["status"], headers=headers)
-        return Response(_error_body(503, f"no replica answered after {REPLICA_ATTEMPTS} tries (replicas lost): "
-                                         f"retry later", "replica_lost"), status_code=503,
+        return Response(_error_body(f"no replica answered after {REPLICA_ATTEMPTS} tries (replicas lost): "
+                                    f"retry later", "replica_lost"), status_code=503,
                         media_type="application/json", headers={"Retry-After": "1"})
 
     async def _metrics(self) -> str:
@@ -156,7 +159,7 @@ class SpecdecodeIngress:
         from .routing import render_metrics, routing_stats
 
         stats = routing_stats().snapshot()
-        live = sorted({replica for replica, _ in stats["routed"]} | set(stats["in_flight"]))
+        live = stats["live"] or sorted({replica for replica, _ in stats["routed"]})
         texts = {}
         for replica in live:
             try:
@@ -186,11 +189,11 @@ async def _rest_of_stream(call):
             yield chunk
     except _replica_lost_errors() as exc:
         log.warning("a replica was lost mid-stream: %s", exc)
-        yield b"data: " + _error_body(503, "the replica serving this stream was lost: send the request again",
+        yield b"data: " + _error_body("the replica serving this stream was lost: send the request again",
                                       "replica_lost") + b"\n\n"
 
 
-def _error_body(status: int, message: str, code: str) -> bytes:
+def _error_body(message: str, code: str) -> bytes:
     import json
 
     return json.dumps({"error": {"message": message, "type": "server_error", "param": None, "code": code}}).encode()

@@ -11,6 +11,12 @@ a request while it holds ceil(LOAD_BOUND x mean load) or more of the requests in
 fewer than its batch size (requests within a batch decode together: below it a replica is not hot); the key then
 walks on clockwise to the first replica under the bound. That spill is itself consistent (a hot conversation
 always spills to the same second replica), and the count of requests placed by affinity vs by load is exported.
+
+A key that has been served is homed where it was last served (Homes, bounded), not where the ring says now: a
+replica that joins (a deployment's second replica coming up after the first requests, autoscaling) takes new keys
+from the ring, but a conversation already under way stays with the replica that holds its cache. Without this,
+measured on llama.cpp: the first turns of 6 chats all went to the one replica up at the start, and when the second
+came up the ring moved 2-3 of them to it, whose second turns found nothing cached (0.82x one server's share).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import json
 import math
 import random
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Hashable, Iterable, Sequence
 
 PREFIX_CHARS = 512  # a completion prompt's first characters (a few KV blocks of text) name its prefix
@@ -29,6 +35,7 @@ PREFIX_TOKEN_IDS = 128  # the same for a prompt given as token ids
 VIRTUAL_NODES = 160  # points per replica on the ring: keys spread within a few % of evenly
 LOAD_BOUND = 1.25  # c: no replica above c x the mean requests in flight (rounded up)
 POLICIES = ("affinity", "load")
+MAX_HOMES = 100_000  # keys whose last replica is remembered (least recently served forgotten first)
 
 
 def routing_key(path: str, body: bytes | str) -> str | None:
@@ -98,16 +105,41 @@ def load_bound(loads: dict, bound: float = LOAD_BOUND, floor: int = 1) -> int:
     return max(math.ceil(bound * (sum(loads.values()) + 1) / max(len(loads), 1)), floor)
 
 
+class Homes:
+    """The replica each key was last served by (at most max_keys keys, least recently served forgotten first)."""
+
+    def __init__(self, max_keys: int = MAX_HOMES):
+        self.max_keys = max_keys
+        self._homes: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str | None):
+        with self._lock:
+            return self._homes.get(key) if key is not None else None
+
+    def served(self, key: str | None, replica) -> None:
+        if key is None:
+            return
+        with self._lock:
+            self._homes[key] = replica
+            self._homes.move_to_end(key)
+            while len(self._homes) > self.max_keys:
+                self._homes.popitem(last=False)
+
+
 def place(ring: HashRing, key: str | None, loads: dict, policy: str = "affinity",
-          bound: float = LOAD_BOUND, floor: int = 1) -> tuple[list, str]:
+          bound: float = LOAD_BOUND, floor: int = 1, last=None) -> tuple[list, str]:
     """The replicas to try, best first, and how the first was chosen: "affinity" (the key's home), "load" (the
     home was at the bound, or the policy is load-only, or the request has no key). loads: requests in flight per
-    live replica (the ring's replicas; a replica missing from it counts 0)."""
+    live replica (the ring's replicas; a replica missing from it counts 0). last: the replica that served the key
+    last (Homes), its home while it is live: the ring's choice may have moved since (a replica joined)."""
     loads = {r: loads.get(r, 0) for r in ring.replicas}
     by_load = sorted(ring.replicas, key=lambda r: (loads[r], random.random()))
     if policy == "load" or key is None:
         return by_load, "load"
     order = ring.walk(key)
+    if last in loads:
+        order = [last, *(r for r in order if r != last)]
     cap = load_bound(loads, bound, floor)
     for i, replica in enumerate(order):
         if loads[replica] < cap:
@@ -125,6 +157,7 @@ class RoutingStats:
         self.routed: Counter = Counter()  # (replica, by) -> requests
         self.in_flight: Counter = Counter()  # replica -> requests
         self.rerouted = 0  # requests sent again after their replica was lost before answering
+        self.live: tuple = ()  # the replicas the router last saw alive
 
     def routed_to(self, replica: str, by: str) -> None:
         with self._lock:
@@ -141,15 +174,17 @@ class RoutingStats:
             self.rerouted += 1
 
     def forget(self, live: Sequence[str]) -> None:
-        """A lost replica's requests in flight are gone with it."""
+        """The live replicas are these: a lost replica's requests in flight are gone with it."""
         with self._lock:
+            self.live = tuple(live)
             for replica in list(self.in_flight):
                 if replica not in live:
                     del self.in_flight[replica]
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {"routed": dict(self.routed), "in_flight": dict(self.in_flight), "rerouted": self.rerouted}
+            return {"routed": dict(self.routed), "in_flight": dict(self.in_flight), "rerouted": self.rerouted,
+                    "live": self.live}
 
 
 _STATS = RoutingStats()

@@ -5,7 +5,7 @@ where an integer belongs is a 400, never silently coerced. Limits that depend on
 (max_tokens, n, num_speculative_tokens, the vocabulary) are checked by the app, which knows them; sampling values
 and JSON schemas by the engine's request(), before the request is queued.
 
-Parameters this server does not implement and that would change the output (best_of, echo, penalties, the legacy functions...)
+Parameters this server does not implement and that would change the output (best_of, echo, penalties, functions...)
 are declared with their neutral value only (UNSUPPORTED): anything else is a 400 naming them, never a silent
 no-op. Fields that no schema here declares are ignored and named in the response's X-Ignored-Fields header.
 """

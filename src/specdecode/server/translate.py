@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from ..chat import ChatTemplateError, NoChatTemplateError, encode_chat
 from ..speculation import Speculation
-from ..tool_calls import (ToolError, check_tool_messages, parse_tool_choice, parse_tools, rendered_call,
+from ..tool_calls import (ToolError, check_tool_messages, markers, parse_tool_choice, parse_tools, rendered_call,
                           template_supports_tools, tool_grammar)
 from .batcher import Job
 from .errors import APIError, bad_request
@@ -199,7 +199,8 @@ def _tools(body, served: ServedModel) -> Tools | None:
                           f"...}}</tool_call>): leave tools out, or serve a model whose template has one (Qwen2.5, "
                           f"Hermes)", "tools", "tools_not_supported")
     parallel = body.parallel_tool_calls is not False
-    return Tools([t.rendered() for t in tools], choice, tool_grammar(tools, choice, parallel))
+    return Tools([t.rendered() for t in tools], choice,
+                 tool_grammar(tools, choice, parallel, markers(served.tokenizer)))
 
 
 def _check_chars(chars: int, param: str, settings: ServerSettings) -> None:

@@ -1,0 +1,53 @@
+"""Walk a tool call along its tool grammar on the default pair's tokenizer: forced positions, one-hot masks, mask
+and compile times (docs/STRUCTURED_OUTPUTS.md, "Tool calling"). Needs the Qwen2.5-Coder tokenizer in the cache
+(`specdecode models prepare qwen2.5-coder-1.5b-instruct` or any run of the default pair).
+
+    python scripts/tool_grammar_walk.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from transformers import AutoTokenizer
+
+from specdecode.constraints import ConstraintSpec, GrammarCompiler
+from specdecode.models import registry
+from specdecode.tool_calls import markers, parse_tools, tool_grammar
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "unit", "days"], "additionalProperties": False}
+CLOCK = {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": CLOCK}}]
+ANSWER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c", "days": 3}}\n</tool_call>'
+
+
+def main() -> None:
+    tok = AutoTokenizer.from_pretrained(str(registry.tokenizer_path("qwen2.5-coder-1.5b-instruct")))
+    eos = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
+    compiler = GrammarCompiler.for_tokenizer(tok, len(tok), eos_token_ids=eos)
+    tools = parse_tools(TOOLS)
+    ids = tok(ANSWER, add_special_tokens=False)["input_ids"]
+    for choice in ("required", "auto"):
+        start = time.perf_counter()
+        grammar = compiler.compile(ConstraintSpec.of(grammar=tool_grammar(tools, choice, True, markers(tok))))
+        compile_ms = (time.perf_counter() - start) * 1e3
+        matcher, times, forced, one_hot = grammar.matcher(), [], 0, 0
+        for token in ids:
+            start = time.perf_counter()
+            mask = matcher.allowed()
+            times.append((time.perf_counter() - start) * 1e3)
+            if matcher.forced(1):
+                forced += 1
+                one_hot += int(mask.as_bool().sum()) == 1
+            assert mask.allows(token) and matcher.advance([token]) == 1, tok.decode([token])
+        assert matcher.accepting
+        print(f"{choice}: {len(ids)} tokens, {forced} positions forced, {one_hot} of them one-hot; compile "
+              f"{compile_ms:.1f} ms; mask median {statistics.median(times):.2f} ms, max {max(times):.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
