@@ -275,8 +275,10 @@ def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None,
         if costs is None:
             with (measuring or contextlib.nullcontext)():
                 model = load_draft_model(replace(opts, draft=model_name), rows, progress)
-                costs = costs_from_measurement(measure_pair_costs(target, model))
-            save_costs(key, costs)
+                measured = measure_pair_costs(target, model)
+                costs = costs_from_measurement(measured)
+            if measured["stable"]:
+                save_costs(key, costs)  # a noisy measurement decides this run only; the next one measures again
     choice: DraftChoice = choose_draft(model_name, costs, on_gpu)
     opts.draft, opts.draft_choice = choice.draft, choice
     if not choice.uses_model:
@@ -286,9 +288,13 @@ def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None,
     return choice, model
 
 
-def measure_pair_costs(target, draft_model, repeats: int = 3) -> dict:
-    """c and v(n) of this pair here, in measure_costs' form: forwards on a warm 64-token context, each the fastest
-    of `repeats` after a warm-up (another process's load only ever adds time, so the minimum is the machine's)."""
+def measure_pair_costs(target, draft_model, rounds: int = 5) -> dict:
+    """c and v(n) of this pair here, in measure_costs' form: forwards on a warm 64-token context. Each round times
+    every shape once, back to back, and the ratios are the medians of the rounds' own ratios: another process's load
+    shifts a round's times together, so a ratio within one round holds up where separate minima (one taken while
+    the machine was busy, another while it was quiet) do not. "stable": whether the rounds agreed (c within 25 %
+    of its median in every round); an unstable measurement decides this run only and is not recorded."""
+    import statistics
     import time
 
     import torch
@@ -299,24 +305,32 @@ def measure_pair_costs(target, draft_model, repeats: int = 3) -> dict:
 
     gen = SpeculativeGenerator(target, draft_model, num_speculative_tokens=1)
     context = [(7 * i + 100) % min(gen.vocab_size, 5000) for i in range(64 + max(MEASURED_KS) + 1)]
-
-    def fastest(backend, n: int) -> float:
+    backends = {"target": gen.target, "draft": gen.drafter.backend}
+    for backend in backends.values():
         backend.reset(1)
         backend.forward(pad([context[:64]], backend.device)[0], last_only=True)
-        ids = torch.tensor([context[64:64 + n]], dtype=torch.long, device=backend.device)
-        times = []
-        for _ in range(repeats + 1):
-            start = time.perf_counter()
-            backend.forward(ids)
-            times.append(time.perf_counter() - start)
-            backend.trim([64])
-        return min(times[1:])
 
-    step = fastest(gen.target, 1)
-    v = {str(k): fastest(gen.target, k + 1) / step for k in MEASURED_KS}
-    draft_step = fastest(gen.drafter.backend, 1)
+    def timed(backend, n: int) -> float:
+        ids = torch.tensor([context[64:64 + n]], dtype=torch.long, device=backend.device)
+        start = time.perf_counter()
+        backend.forward(ids)
+        elapsed = time.perf_counter() - start
+        backend.trim([64])
+        return elapsed
+
+    shapes = [("target", 1), ("draft", 1)] + [("target", k + 1) for k in MEASURED_KS]
+    for name, n in shapes:  # warm-up: first calls of a shape allocate
+        timed(backends[name], n)
+    runs = []
+    for _ in range(rounds):
+        runs.append({(name, n): timed(backends[name], n) for name, n in shapes})
     gen.target.reset(0)
-    return {"c": draft_step / step, "v": v, "target_step_ms": 1000 * step}
+    steps = [r[("target", 1)] for r in runs]
+    cs = [r[("draft", 1)] / r[("target", 1)] for r in runs]
+    c = statistics.median(cs)
+    v = {str(k): statistics.median(r[("target", k + 1)] / r[("target", 1)] for r in runs) for k in MEASURED_KS}
+    return {"c": c, "v": v, "target_step_ms": 1000 * statistics.median(steps),
+            "stable": all(abs(x - c) <= 0.25 * c for x in cs)}
 
 
 @contextlib.contextmanager
