@@ -131,7 +131,8 @@ def test_the_check_catches_a_draft_warped_differently(pair, monkeypatch):
             return getattr(self.sampling, name)
 
         def probs(self, logits):
-            unwarped["q"] = torch.softmax(logits[self.sampled_index].float() / self.temperature.view(-1, 1), -1)
+            temperature = self.sampling.sampling.temperature  # the step's DraftContext holds the rows' settings
+            unwarped["q"] = torch.softmax(logits[self.sampled_index].float() / temperature.view(-1, 1), -1)
             return self.sampling.probs(logits)
 
     def propose(self, k, sampling, uniforms, num_drafts):

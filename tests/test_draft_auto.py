@@ -224,7 +224,7 @@ def test_free_drafts_cheap_drafts_and_copying_drafters_never_settle():
     cheap.choose(rows, [8])
     assert not cheap.settled
     free = AdaptivePolicy(8)
-    free.note_drafting(True)
+    free._free_drafts = True  # every choice prices free drafts (what decide() takes from Outlook.free)
     rows = _observe_costs(free)
     free.choose(rows, [8])
     assert not free.settled

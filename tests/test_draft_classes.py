@@ -13,7 +13,7 @@ from conftest import tiny_qwen
 from reference import assert_first_tokens_follow_target
 from specdecode import AutoregressiveGenerator, PromptLookupDrafter, SpeculativeGenerator, SuffixDrafter
 from specdecode.drafters.base import match_class
-from specdecode.policy import AdaptivePolicy
+from specdecode.policy import AdaptivePolicy, Outcome, Outlook
 
 # This project's 2-core CPU on llama.cpp: a forward of n tokens costs v(n) single-token steps (BENCHMARKS.md).
 V = {1: 1.0, 2: 1.61, 3: 2.18, 4: 2.70, 5: 3.35, 6: 4.02, 7: 4.56, 8: 5.1, 9: 5.6}
@@ -35,13 +35,11 @@ def run(policy, steps: int, classes: bool, seed: int = 0):
     for _ in range(steps):
         draft_class = LONG if rng.random() < 0.5 else SHORT
         a = 0.97 if draft_class == LONG else 0.2
-        policy.note_drafting(True)
-        policy.note_class(row, draft_class if classes else None)
-        k = policy.choose([row], [8])
+        k = policy.decide(Outlook([row], [8], free=True, classes=[draft_class if classes else None])).k
         kept = next((m for m in range(k) if rng.random() >= a), k)
         tokens += sum(a ** j for j in range(k + 1))
         seconds += V[k + 1]
-        policy.observe([row], k, [kept], 1, 0.0, V[k + 1] * (1 + 0.04 * (rng.random() - 0.5)))
+        policy.learn(Outcome([row], k, [kept], [k], 1, 0.0, V[k + 1] * (1 + 0.04 * (rng.random() - 0.5)), free=True))
         chosen[draft_class].append(k)
     return tokens / seconds, chosen
 
@@ -61,16 +59,15 @@ def test_class_evidence_is_kept_apart_from_the_rows_and_reported():
     policy = AdaptivePolicy(4)
     row = policy.new_row()
     for draft_class, kept in [(LONG, 4), (LONG, 4), (SHORT, 0), (None, 1)]:
-        policy.note_class(row, draft_class)
-        policy.choose([row], [4])
-        policy.observe([row], 4, [kept], 1, 0.0, 1.0)
+        policy.decide(Outlook([row], [4], classes=[draft_class]))
+        policy.learn(Outcome([row], 4, [kept], [4], 1, 0.0, 1.0))
     assert row.seen == [1, 1, 0, 0] and row.accepted == [1, 0, 0, 0]  # only the unclassed step is the row's
     summary = policy.summary()
     assert summary["class_acceptance"] == {SHORT: 0.0, LONG: 1.0}
     assert policy.seen[0] == pytest.approx(sum(0.97 ** j for j in range(4)))  # the batch's pools every step
-    policy.note_class(row, LONG)
+    row.draft_class = LONG
     long_gain = policy.expected_tokens(row)[4]
-    policy.note_class(row, SHORT)
+    row.draft_class = SHORT
     assert long_gain > policy.expected_tokens(row)[4] + 1.5
 
 

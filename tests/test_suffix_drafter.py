@@ -287,15 +287,15 @@ def test_a_rows_seeded_text_does_not_depend_on_the_other_rows_of_its_batch(small
     from specdecode.session import DecodingSession
 
     proposed = []  # per run, per session row index: its drafts, step by step
-    real = DecodingSession._propose
+    real = DecodingSession._ask_drafter  # the step's call to the drafter (session.py: the propose phase)
 
-    def recording(self, k_rows, uniforms):
-        proposal = real(self, k_rows, uniforms)
-        for b, (row, n) in enumerate(zip(self.active, k_rows)):
+    def recording(self, plan):
+        proposal = real(self, plan)
+        for b, (row, n) in enumerate(zip(self.active, plan.k_rows)):
             proposed[-1].setdefault(row.index, []).append(proposal.tokens[b, :n].tolist())
         return proposal
 
-    monkeypatch.setattr(DecodingSession, "_propose", recording)
+    monkeypatch.setattr(DecodingSession, "_ask_drafter", recording)
 
     def run(rows):
         proposed.append({})

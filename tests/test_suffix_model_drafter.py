@@ -25,6 +25,7 @@ from specdecode.errors import OptionError
 from specdecode.models.loading import ModelNotFoundError
 from specdecode.pair import ModelOptions, check_options, load_pair, make_generator
 from specdecode.policy import AdaptivePolicy
+from specdecode.drafters import DraftContext
 from specdecode.sampling import BatchSampling, SamplingParams
 
 TEXTS = ["def quicksort(arr):\n    if len(arr) <= 1:\n        return arr", "The quick brown fox",
@@ -136,7 +137,7 @@ def test_a_step_where_every_row_copies_runs_no_model_forward(tiny_pair):
     assert drafter.drafts_free() and drafter.behind() == [0, 0]  # no forward this step: nothing to catch up on
     calls = drafter.forward_calls
     sampling = BatchSampling([SamplingParams(1.0), SamplingParams(1.0)])
-    proposal = drafter.propose(3, sampling, torch.rand(2, 3, dtype=torch.float64), [3, 3])
+    proposal = drafter.propose(3, DraftContext(sampling), torch.rand(2, 3, dtype=torch.float64), [3, 3])
     assert drafter.forward_calls == calls
     assert proposal.free and proposal.q is None  # deterministic drafts only
     assert proposal.tokens.tolist() == [[6, 7, 8], [7, 8, 5]]
@@ -155,7 +156,7 @@ def mixed_step(draft):
     calls = drafter.forward_calls
     sampling = BatchSampling([SamplingParams(1.0), SamplingParams(0.8)])
     uniforms = torch.rand(2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    proposal = drafter.propose(3, sampling, uniforms, [3, 3])
+    proposal = drafter.propose(3, DraftContext(sampling), uniforms, [3, 3])
     assert drafter.forward_calls > calls and not proposal.free
     return drafter, proposal
 
@@ -191,8 +192,8 @@ def test_the_model_drafts_from_the_copied_rows_text_after_a_mixed_step(tiny_pair
                                                                                 [True] * 7]))
     sampling = BatchSampling([SamplingParams(1.0), SamplingParams(1.0)])
     uniforms = torch.full((2, 3), 0.5, dtype=torch.float64)
-    q = drafter.model_drafter.propose(3, sampling, uniforms, [3, 3]).q
-    expected = fresh.propose(3, sampling, uniforms, [3, 3]).q
+    q = drafter.model_drafter.propose(3, DraftContext(sampling), uniforms, [3, 3]).q
+    expected = fresh.propose(3, DraftContext(sampling), uniforms, [3, 3]).q
     assert torch.allclose(q[:, 0], expected[:, 0], atol=1e-5)
 
 
@@ -203,12 +204,10 @@ def test_a_free_step_is_priced_free_and_teaches_no_draft_cost():
     policy.observe(rows, 2, [1], 1, 0.20, 0.12)  # a model step: 100 ms per draft
     assert policy.draft_cost(1) == pytest.approx(0.10)
     priced = policy.step_time(2, 1)
-    policy.note_drafting(True)
-    assert policy.step_time(2, 1) == pytest.approx(priced - 0.20)  # the verification alone
-    policy.observe(rows, 2, [2], 1, 0.0002, 0.12)  # a free step's 0.1 ms per draft is not the model's cost
+    assert policy.step_time(2, 1, free=True) == pytest.approx(priced - 0.20)  # the verification alone
+    policy.observe(rows, 2, [2], 1, 0.0002, 0.12, free=True)  # a free step's 0.1 ms per draft is not the model's cost
     assert policy.draft_cost(1) == pytest.approx(0.10)
-    policy.note_drafting(False)
-    assert policy.step_time(2, 1) == pytest.approx(priced)
+    assert policy.step_time(2, 1, free=False) == pytest.approx(priced)
 
 
 @pytest.mark.parametrize("k", [3, "auto"])

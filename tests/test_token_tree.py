@@ -446,13 +446,14 @@ def test_model_draft_trees_sample_the_targets_joint(small_target, k, method, see
 
 
 def test_a_model_draft_tree_is_its_chain_and_the_next_best_first_tokens(tiny_pair):
+    from specdecode.drafters import DraftContext
     from specdecode.sampling import BatchSampling, SamplingParams
 
     target, draft = tiny_pair
     drafter = _model_drafter(draft, 3)
     drafter.prefill(torch.tensor([[5, 6, 7, 8]]), None)
     drafter.use_trees(True)
-    proposal = drafter.propose(4, BatchSampling([SamplingParams(0.0)]), None, [4])
+    proposal = drafter.propose(4, DraftContext(BatchSampling([SamplingParams(0.0)])), None, [4])
     assert proposal.parents == [[-1, 0, -1, -1]] and proposal.q is None
     first = draft(torch.tensor([[5, 6, 7, 8]])).logits[0, -1]
     assert proposal.tokens[0, [0, 2, 3]].tolist() == torch.topk(first, 3).indices.tolist()

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .vocab import token_ids
+
 KINDS = ("json_schema", "json_object", "grammar", "regex")
 # Compact JSON: fewer tokens, more forced tokens (free drafts), and no runaway whitespace from small models.
 JSON_DEFAULTS = {"whitespace_flexible": False}
@@ -225,11 +227,11 @@ class GrammarCompiler:
 def _eos_ids(tokenizer, eos_token_ids) -> list[int]:
     if eos_token_ids is None:
         eos_token_ids = getattr(tokenizer, "eos_token_id", None)
-    ids = [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids or [])
+    ids = token_ids(eos_token_ids)
     if not ids:
         raise ConstraintError("the tokenizer has no eos token, so a constrained output could never end; pass "
                               "eos_token_ids=[...] with the ids generation stops on")
-    return sorted({int(t) for t in ids})
+    return sorted(ids)
 
 
 def _weak(obj):

@@ -84,8 +84,6 @@ class SpeculativeGenerator:
     (prefix_cache.py; 0: off; a llama.cpp backend needs max_rows above the batch for the parked prefixes).
     """
 
-    provenance_of_last = ("resampled", "bonus")
-
     def __init__(self, target, draft, num_speculative_tokens: int | str = "auto", method: str = "leviathan",
                  tokenizer=None, vocab_size: int | None = None, max_speculative_tokens: int = 8,
                  timing: bool | None = None, prefix_cache_tokens: int = 0):

@@ -1,7 +1,7 @@
 """How many tokens to draft before each step: K chosen online to maximise expected new tokens per second.
 
 The model. A step with K drafts costs  time(K) = K * c(B) + v(K + 1, B)  seconds, where c(B) is one draft step (0 on a
-step whose drafts run no model: note_drafting) and v(n, B) one target forward of n tokens for a batch of B rows. Both
+step whose drafts run no model: Outlook.free) and v(n, B) one target forward of n tokens for a batch of B rows. Both
 are learned from the loop's own timings, per batch size (machine, backend, dtype and B all change them). A cost never
 measured for this B is estimated: linearly between measured n; outside them (or with nothing measured) by the shape of
 the nearest measured batch size, else of the prior v(n) = 1 + 0.15 (n - 1) target steps, scaled to the nearest
@@ -58,6 +58,7 @@ one-off time is not a draft step's cost, and the loop reports it as None.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 from .policy_estimates import (  # noqa: F401  (expected_speedup, expected_tokens: where callers have found them)
     WARM_SAMPLES,
@@ -88,11 +89,50 @@ SETTLED_STEPS = 1024       # steps of plain decoding, with nothing drafted or pr
 RECHECK_DRIFT = 0.25       # ... after which a probe re-times the draft if a plain step's cost moved this much
 
 
+@dataclass(slots=True)  # built every step: not frozen (a frozen dataclass costs ~3 us more to build)
+class Outlook:
+    """Everything the loop tells the policy before a step, in one value (known before any draft is drawn)."""
+
+    rows: list  # [B] each row's state (Policy.new_row())
+    caps: list[int]  # [B] drafts row b can use at most (0..max_k)
+    free: bool = False  # the drafts will run no model forward (suffix+MODEL copying every row): priced at zero
+    classes: list[int | None] | None = None  # [B] the class of row b's draft (Drafter.draft_classes); None: none
+    behind: list[int] | None = None  # [B] tokens the draft feeds for row b before drafting; None: never behind
+    probe_behind: list[int] | None = None  # [B] what a probe would feed (behind, bounded by the drafter's window)
+    remaining: list[int] | None = None  # [B] tokens row b still wants
+
+
+@dataclass(slots=True)
+class Choice:
+    """The policy's answer: one K for the batch (row b drafts min(k, caps[b])), and whether it is a trial."""
+
+    k: int
+    trial: bool = False  # a probe or an exploration: the drafter may bound the catch-up it feeds (still exact)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a step did, for the rows whose K the policy chose (rows with a fixed K or a forced run left out)."""
+
+    rows: list  # [R] their states; empty: the step taught nothing the policy asked (catch-up timing aside)
+    k: int  # the step's drafts (0: a plain step)
+    accepted: list[int]  # [R] drafts row r kept
+    drafted: list[int]  # [R] drafts row r was given
+    batch_size: int  # rows in the step's forward
+    draft_s: float | None  # seconds drafting took; None: not a draft step's cost (fed a backlog with its drafts)
+    verify_s: float  # seconds of the target's forward and the verification
+    free: bool = False  # no model forward drafted (Proposal.free): no draft step's cost to learn
+    catch_up_tokens: int = 0  # tokens the draft fed before drafting, timed apart (Proposal.catch_up_*)
+    catch_up_s: float = 0.0
+
+
 class Policy(ABC):
     """What both policies share: the acceptance and cost estimates, observe() and summary(). Subclasses choose."""
 
     name = "policy"
     adaptive = False  # whether K follows measurements (the loop then draws seeded sampled rows by coupling)
+    settled = False  # whether it decodes plainly without looking (AdaptivePolicy: Settling): the drafter is not asked
+    model_drafts = False  # every draft comes from a model (the loop sets it for a ModelDrafter): only then may it settle
 
     def __init__(self, max_k: int, decay: float = DECAY):
         if not 0.0 < decay <= 1.0:
@@ -105,35 +145,44 @@ class Policy(ABC):
         self._draft: dict[int, Cost] = {}  # batch size -> seconds per draft step
         self._catch_up = Cost()  # seconds per token a draft feeds when it catches up
         self._histogram: dict[int, int] = {}
-        self.trial = False  # whether the last choice was a probe or an exploration (the loop may bound catch-ups)
-        self._free_drafts = False  # the step's drafts run no model forward (note_drafting)
-        self._classes: dict[int, RowState] = {}  # draft class -> its acceptance evidence (note_class)
+        self.trial = False  # whether the last choose() was a probe or an exploration (decide() reports it)
+        self._free_drafts = False  # the current decision's drafts run no model forward (Outlook.free)
+        self._classes: dict[int, RowState] = {}  # draft class -> its acceptance evidence (Outlook.classes)
 
     def new_row(self) -> RowState:
         return RowState(self.max_k)
 
-    def note_row(self, row: RowState, behind: int, probe_behind: int, remaining: int) -> None:
-        """Before choose(): the tokens the draft would feed for this row before drafting (its backlog), what a probe
-        would feed (the backlog bounded by the drafter's window), and the tokens the row still wants."""
-        if isinstance(row, RowState):  # a policy of the user's own may keep other state
-            row.behind, row.probe_behind, row.remaining = behind, probe_behind, remaining
+    # ------------------------------------------------------------------ the loop's two calls
+    def decide(self, outlook: Outlook) -> Choice:
+        """The one question before a step: the outlook in, a K out. The rows' states take the outlook's facts (a
+        user's policy with other row states keeps its own), then choose() picks K from the estimates."""
+        for b, row in enumerate(outlook.rows):
+            if not isinstance(row, RowState):
+                continue
+            if outlook.classes is not None:  # a long match's copy is worth more than a short one's
+                row.draft_class = outlook.classes[b]
+            if outlook.behind is not None:  # what a draft's catch-up would cost
+                row.behind, row.probe_behind = outlook.behind[b], outlook.probe_behind[b]
+                row.remaining = outlook.remaining[b]
+        self._free_drafts = outlook.free
+        k = self.choose(outlook.rows, outlook.caps)
+        return Choice(k, bool(k) and self.trial)
 
-    def note_class(self, row: RowState, draft_class: int | None) -> None:
-        """Before choose() and observe(): the class of this step's draft for the row (None: none), whose acceptance
-        is then learned and estimated per class."""
-        if isinstance(row, RowState):
-            row.draft_class = draft_class
+    def learn(self, outcome: Outcome) -> None:
+        """The one observation after a step: its catch-up cost, then (if it served rows the policy chose for) the
+        drafts kept and the step's timings."""
+        if outcome.catch_up_s:
+            self.observe_catch_up(outcome.catch_up_tokens, outcome.catch_up_s)
+        if outcome.rows:
+            self._free_drafts = outcome.free
+            self.observe(outcome.rows, outcome.k, outcome.accepted, outcome.batch_size, outcome.draft_s,
+                         outcome.verify_s, outcome.drafted)
 
     def _evidence(self, row: RowState) -> RowState:
         """Where a row's acceptance is counted: its draft class's evidence, or its own."""
         if not isinstance(row, RowState) or row.draft_class is None:
             return row
         return self._classes.setdefault(row.draft_class, RowState(self.max_k))
-
-    def note_drafting(self, free: bool) -> None:
-        """Before choose() and observe(): whether the step's drafts run no model forward (suffix+MODEL where the
-        suffix drafts every row). choose() prices them at zero; observe() learns no draft step's cost from them."""
-        self._free_drafts = free
 
     @abstractmethod
     def choose(self, rows: list[RowState], caps: list[int]) -> int:
@@ -149,18 +198,21 @@ class Policy(ABC):
 
     # ------------------------------------------------------------------ after a step
     def observe(self, rows: list[RowState], k: int, accepted: list[int], batch_size: int,
-                draft_seconds: float | None, verify_seconds: float, drafted: list[int] | None = None) -> None:
+                draft_seconds: float | None, verify_seconds: float, drafted: list[int] | None = None,
+                free: bool | None = None) -> None:
         """Record a step: k drafts (0 = plain step), accepted[b] of row b's drafts kept, its timings.
 
         drafted[b] is how many drafts row b got; by default min(k, the cap choose() was given for it).
         draft_seconds None: the drafting time was not a clean sample (the draft first caught up on the tokens of
-        plain steps, a one-off cost): the draft cost is not updated from it."""
+        plain steps, a one-off cost): the draft cost is not updated from it. free (by default the Outcome's that
+        learn() is recording): no model forward drafted (suffix+MODEL copying every row), no draft cost to learn."""
         drafted = self._drafted(rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted)
         self._histogram[k] = self._histogram.get(k, 0) + 1
         self._verify.setdefault(batch_size, {}).setdefault(k + 1, Cost()).add(verify_seconds)
         if k == 0:
             return
-        if draft_seconds is not None and not self._free_drafts:
+        free = self._free_drafts if free is None else free
+        if draft_seconds is not None and not free:
             self._draft.setdefault(batch_size, Cost()).add(draft_seconds / k)
         scale_evidence([self.accepted, self.seen], self.decay)  # the batch decays once per step, not once per row
         for row, n, kept in zip(rows, drafted, accepted):
@@ -246,8 +298,10 @@ class Policy(ABC):
             ratio = PRIOR_DRAFT_STEPS
         return ratio * self.verify_cost(1, batch_size)
 
-    def step_time(self, k: int, batch_size: int) -> float:
-        drafting = 0.0 if self._free_drafts else k * self.draft_cost(batch_size)
+    def step_time(self, k: int, batch_size: int, free: bool | None = None) -> float:
+        """Seconds of a step with k drafts; free (by default the current decision's Outlook.free): drafts cost 0."""
+        free = self._free_drafts if free is None else free
+        drafting = 0.0 if free else k * self.draft_cost(batch_size)
         return max(drafting + self.verify_cost(k + 1, batch_size), 1e-12)
 
     def summary(self) -> dict:
@@ -515,7 +569,8 @@ class AdaptivePolicy(Policy):
         drafting = 0.0 if self._free_drafts else k * self.draft_cost(batch_size)
         return max(drafting + verify, 1e-12)
 
-    def observe(self, rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted=None) -> None:
+    def observe(self, rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted=None,
+                free: bool | None = None) -> None:
         self._drafted(rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted)
         probing, self._probing = self._probing, False
         # A probe's drafting often begins by catching up on the plain steps' tokens: judge it at the steady cost.
@@ -525,7 +580,7 @@ class AdaptivePolicy(Policy):
         if paid:  # the text has changed since the evidence that stopped speculation: let the probe outweigh it
             scale_evidence([self.accepted, self.seen] + [c for r in rows for c in (r.accepted, r.seen)],
                            self.probe_forget)
-        super().observe(rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted)
+        super().observe(rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted, free)
         if self._settled:
             self._settled -= 1
             if not self._settled:  # re-time the costs with a probe only if the machine's speed has changed

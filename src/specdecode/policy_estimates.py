@@ -22,11 +22,11 @@ class RowState:
         self.accepted = [0.0] * max_k
         self.seen = [0.0] * max_k
         self.cap: int | None = None  # this step's cap, remembered by choose() for observe()
-        # Set by the loop before choose(): tokens the draft would feed before drafting for this row (its backlog),
+        # Set by Policy.decide from the step's Outlook: tokens the draft would feed before drafting for this row (its backlog),
         # what a probe would feed (the backlog bounded by the drafter's window), and tokens the row still wants.
         self.behind = self.probe_behind = 0
         self.remaining: int | None = None
-        self.draft_class: int | None = None  # this step's draft class (Drafter.draft_classes), set before choose()
+        self.draft_class: int | None = None  # this step's draft class (Outlook.classes)
 
 
 class Cost:

@@ -69,6 +69,27 @@ class PrefixCache:
     def usable(self, backend) -> bool:
         return self.max_tokens > 0 and caches_prefixes(backend)
 
+    def admit(self, backend, prompts: list[list[int]], running: list[tuple[list[int], int]], budget: int | None,
+              extra_rows: int = 0) -> list:
+        """Per prompt of rows about to be forked (with extra_rows more beside them), the cached prefix it starts from:
+        (handle, n) or None. Room is made for the fork first; where that cost a hit's entry, no prompt takes a hit.
+        running: the running rows' tokens and how many of them the backend holds (their KV can be copied too)."""
+        hits = [self.lookup(backend, p, running, budget) for p in prompts]
+        if not self.make_room(backend, len(prompts) + extra_rows, [h[0] for h in hits if h]):
+            hits = [None] * len(prompts)
+        for prompt, hit in zip(prompts, hits):
+            self.record(len(prompt), hit[1] if hit else 0)
+        return hits
+
+    def park(self, backend, rows: list[int], tokens: list[list[int] | None], exact: list[int]) -> None:
+        """These rows leave the backend's batch (as select_rows of the others would) and their KV stays, as entries:
+        tokens[i] is what row rows[i] holds, in order (None: nothing worth keeping, its KV is freed), of which the
+        first exact[i] were prefilled (its prompt: all a later prompt may reuse, see insert)."""
+        held = backend.lengths
+        for b, seq, n, handle in zip(rows, tokens, exact, backend.park(rows)):
+            if seq is not None:
+                self.insert(seq[: held[b]], handle, exact=n)
+
     def make_room(self, backend, rows: int, keep: list) -> bool:
         """Evict until the backend can fork `rows` new rows (parked entries hold its spare rows), entries whose
         handle is in `keep` last; False if those had to go too (their hits are then void)."""
@@ -89,12 +110,12 @@ class PrefixCache:
         want = np.asarray(prompt, dtype=np.int64)
         best, best_n = None, 0
         for entry in self.entries:
-            n = min(_common_prefix(entry.tokens, want), entry.exact)
+            n = min(common_prefix(entry.tokens, want), entry.exact)
             if n > best_n:
                 best, best_n = entry, n
         best_row = None
         for b, (tokens, held) in enumerate(running):
-            n = _common_prefix(np.asarray(tokens[:held], dtype=np.int64), want)
+            n = common_prefix(np.asarray(tokens[:held], dtype=np.int64), want)
             if n > best_n:
                 best, best_n, best_row = None, n, b
         n = reusable_prefix(backend, len(prompt), best_n, budget)
@@ -119,7 +140,7 @@ class PrefixCache:
         if exact < MIN_REUSE or len(tokens) > self.max_tokens:
             return
         new = np.asarray(tokens, dtype=np.int64)
-        self.entries = [e for e in self.entries if min(_common_prefix(e.tokens, new), exact) < e.exact]
+        self.entries = [e for e in self.entries if min(common_prefix(e.tokens, new), exact) < e.exact]
         self._clock += 1
         self.entries.append(_Entry(new, handle, self._clock, exact))
         self.stats.inserted += 1
@@ -138,9 +159,11 @@ class PrefixCache:
         self.stats.evictions += 1  # the handle went with the entry: the backend frees that KV
 
 
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+def common_prefix(a, b) -> int:
+    """How many leading tokens a and b share: token lists, or int64 arrays (one vector comparison, for the long
+    prompts the cache compares)."""
     n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        diff = np.flatnonzero(a[:n] != b[:n])
+        return int(diff[0]) if len(diff) else n
+    return next((i for i in range(n) if a[i] != b[i]), n)

@@ -77,7 +77,9 @@ class BatchSampling:
     that belongs to its output position, not to the step, so its text depends on its seed alone, never on how
     many drafts a step proposed or which drafter proposed them (Daliri et al. 2024, "drafter-invariant
     speculative decoding"). That is what lets the speculation policy pick K from timings for a seeded row.
-    The loop puts the step's noise of the coupled rows in `noise` [C, K+1, V] before drafting.
+    A step's noise is not kept here: the loop hands it to the drafter (drafters.DraftContext) and to the verifier.
+
+    Immutable: select and extend return a new object; nothing is set on it for one step.
     """
 
     def __init__(self, params: list[SamplingParams], device=None, coupled: list[bool] | None = None):
@@ -91,8 +93,6 @@ class BatchSampling:
         self.coupled_pos = torch.tensor([i for i, c in enumerate(flags) if c], dtype=torch.long, device=self.device)
         self.rejection_pos = torch.tensor([i for i, c in enumerate(flags) if not c], dtype=torch.long,
                                           device=self.device)
-        self.noise: torch.Tensor | None = None
-        self.grammars = None  # the rows' grammar states (constrained.RowGrammars) while a step drafts, if any
         self.all_greedy = all(self.greedy_rows)
         self.any_greedy = any(self.greedy_rows)
         sampled = [p for p in self.params if not p.greedy]
@@ -107,6 +107,12 @@ class BatchSampling:
         self.any_top_k = any(k > 0 for k in self.top_k)
         self.any_top_p = any(p.top_p < 1.0 for p in sampled)
         self.any_temperature = any(p.temperature != 1.0 for p in sampled)
+        self._frozen = True
+
+    def __setattr__(self, name, value):
+        if getattr(self, "_frozen", False):
+            raise AttributeError(f"BatchSampling is immutable: {name} cannot be set (select/extend make a new one)")
+        object.__setattr__(self, name, value)
 
     def __len__(self) -> int:
         return len(self.params)
@@ -116,15 +122,6 @@ class BatchSampling:
 
     def extend(self, other: "BatchSampling") -> "BatchSampling":
         return BatchSampling(self.params + other.params, self.device, self.coupled + other.coupled)
-
-    def couple_drafts(self, tokens: torch.Tensor, q: torch.Tensor, i: int) -> None:
-        """Overwrite the coupled rows' draft tokens [B] at draft position i by argmax(log q + noise) (in place).
-
-        q [S, V]: the sampled rows' draft distributions at that position. The target side takes
-        argmax(log p + the same noise): the draft is kept exactly when the two agree."""
-        if self.any_coupled:
-            c = self.coupled_pos
-            tokens[self.sampled_index[c]] = coupled_choice(torch.log(q[c]), self.noise[:, i])
 
     def warp(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Warped scores [S, ..., V] of the sampled rows (logits [B, ..., V] of all rows); float32.
@@ -150,13 +147,11 @@ class BatchSampling:
         """A grammar mask in additive form, float32 [..., V]: -0.0 where allowed, -inf elsewhere, so that
         `scores + additive(mask)` is `scores.masked_fill(~mask, -inf)` bit for bit (x + -0.0 = x, x + -inf = -inf
         for finite x), without masked_fill's data-dependent branch per token (0.25-0.6 ms on 152k ids, against
-        ~20 us for the add). A float mask is taken to be in that form already (RowGrammars.verify_masks makes it);
-        the bool mask the rows' grammars gave the drafter comes back with its additive form made once, from the
-        grammar's bitmask; any other bool mask is converted without a branch: -(1/m - 1)."""
+        ~20 us for the add). A float mask is taken to be in that form already (RowGrammars.verify_masks makes it;
+        drafters.DraftContext hands the drafter's bool masks over in that form, made once from the grammar's
+        bitmask); any other bool mask is converted without a branch: -(1/m - 1)."""
         if mask.is_floating_point():
             return mask
-        if self.grammars is not None and (bias := self.grammars.bias_for(mask)) is not None:
-            return bias
         return mask.float().reciprocal_().sub_(1.0).neg_()
 
     def masked(self, logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -202,11 +197,6 @@ class BatchSampling:
         out = logits.float() if mask is None else self.masked(logits, mask)
         return out.index_put((self.sampled_index,), sampled)  # out of place: logits may be the model's own tensor
 
-    def draft_mask(self, i: int, previous: torch.Tensor | None) -> torch.Tensor | None:
-        """[B, V] tokens the rows' grammars allow at draft position i, after the drafts before it (previous [B]:
-        the tokens drafted at position i - 1); None when no row is constrained."""
-        return None if self.grammars is None else self.grammars.draft_mask(i, previous)
-
 
 class RowGenerators:
     """One random stream per row, so that a row's tokens never depend on which other rows share its batch.
@@ -226,15 +216,18 @@ class RowGenerators:
     def __len__(self) -> int:
         return len(self.streams)
 
-    def select(self, rows: list[int]) -> None:
-        self.coupled = [self.coupled[r] for r in rows]
-        self.pending = [self.pending[r] for r in rows]
-        self.streams = [self.streams[r] for r in rows]
+    def select(self, rows: list[int]) -> "RowGenerators":
+        """These rows' streams (shared, not copied: a stream moves on wherever its row is) as a new object."""
+        return self._of([self.coupled[r] for r in rows], [self.pending[r] for r in rows],
+                        [self.streams[r] for r in rows])
 
-    def extend(self, other: "RowGenerators") -> None:
-        self.coupled += other.coupled
-        self.pending += other.pending
-        self.streams += other.streams
+    def extend(self, other: "RowGenerators") -> "RowGenerators":
+        return self._of(self.coupled + other.coupled, self.pending + other.pending, self.streams + other.streams)
+
+    def _of(self, coupled, pending, streams) -> "RowGenerators":
+        out = RowGenerators([], self.device)
+        out.coupled, out.pending, out.streams = coupled, pending, streams
+        return out
 
     def noise(self, positions: int, vocab: int) -> torch.Tensor | None:
         """Gumbel noise [C, positions, V] (float64) of the coupled rows' next output positions; None if none.

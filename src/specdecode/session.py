@@ -1,9 +1,15 @@
 """A running batch: rows join between steps (their prompts prefilled beside the running rows), every step verifies
 each row's proposal in one target forward, and rows leave when they finish (continuous batching).
 
-The step, in the order of the paper: choose K (the policy, before any draft is drawn), propose (the drafter, and
-the tokens each row's grammar forces), verify (one target forward, the exact rule per row), then trim the caches to
-what was kept and emit.
+One step, in the order of the paper, with one value handed from each phase to the next:
+
+    plan     -> StepPlan   K per row (the policy, asked once, before any draft is drawn), the tokens each row's grammar
+                           forces, the widths verified, the step's random numbers
+    propose  -> Drafts     the drafter's Proposal with forced runs in place, the grammar masks along it
+    verify   -> Verified   one target forward, the exact rule per row (chains or token trees: decided here, once)
+    commit                 caches, random streams, grammars and the drafter keep what was verified
+    learn                  the policy observes the Outcome
+    emit     -> events     tokens appended per row until it finishes; finished rows leave the RowBatch
 """
 
 from __future__ import annotations
@@ -14,10 +20,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .backends.base import caches_prefixes, max_rows, pad
-from .constrained import RowGrammars, with_forced
+from .backends.base import caches_prefixes, max_rows, pad, tree_leaves, verifies_trees
+from .row_grammars import RowGrammars, with_forced
 from .detokenize import IncrementalDetokenizer, find_stop
-from .drafters import ModelDrafter, Proposal
+from .drafters import DraftContext, ModelDrafter, Proposal
+from .policy import Outcome, Outlook
 from .results import GenerationResult, RowStats, Stats, TokenEvent
 from .sampling import BatchSampling, RowGenerators
 from .verification import Verified, token_logprobs, verify_rows, verify_tree_rows
@@ -52,6 +59,77 @@ class Row:
         return self.request.max_new_tokens - len(self.tokens)
 
 
+@dataclass(frozen=True)
+class RowBatch:
+    """Everything the running batch holds per row on the host, in row order; select and extend return a new batch
+    (the models' caches hold the same rows in the same order: the session moves them together)."""
+
+    rows: list[Row]  # [B]
+    sampling: BatchSampling  # [B] the rows' sampling settings
+    generators: RowGenerators  # [B] the rows' random streams
+    grammars: RowGrammars  # [B] the rows' grammar states (None for a free row)
+
+    @classmethod
+    def of(cls, rows: list[Row], vocab_size: int, device) -> "RowBatch":
+        coupled = [r.coupled for r in rows]
+        return cls(rows, BatchSampling([r.request.params for r in rows], device, coupled),
+                   RowGenerators([r.request.seed for r in rows], device, coupled, [r.request.seed_index for r in rows]),
+                   RowGrammars([r.matcher for r in rows], vocab_size, device))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def select(self, keep: list[int]) -> "RowBatch":
+        return RowBatch([self.rows[i] for i in keep], self.sampling.select(keep), self.generators.select(keep),
+                        self.grammars.select(keep))
+
+    def extend(self, other: "RowBatch") -> "RowBatch":
+        return RowBatch(self.rows + other.rows, self.sampling.extend(other.sampling),
+                        self.generators.extend(other.generators), self.grammars.extend(other.grammars))
+
+
+@dataclass
+class Staging:
+    """Rows whose prompts are being prefilled, a chunk per step, in a fork of the target."""
+
+    rows: list[Row]  # [R] the rows prefilled: one per distinct prompt
+    fork: object  # the target's fork holding their KV so far
+    ids: torch.Tensor  # [R, L] what is left of each prompt after its cached prefix, left-padded
+    valid: torch.Tensor | None  # [R, L] False at padding; None: nothing padded
+    copies: list[tuple[Row, int]]  # rows whose prompt rows[i] has: (row, i); they copy its KV when it is done
+    copies_fork: object | None  # the target's rows reserved for the copies (None: no copies)
+    column: int = 0  # the next column of ids to prefill
+
+    @property
+    def size(self) -> int:
+        return len(self.rows) + len(self.copies)
+
+
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs ~3 us more to build, every step
+class StepPlan:
+    """What a step verifies, fixed before any draft is drawn (what keeps the choice of K lossless). K = max(widths)."""
+
+    forced: list[list[int]]  # [B][f_b] the tokens row b's grammar forces (f_b <= MAX_FORCED); [] for a free row
+    k_rows: list[int]  # [B] drafts asked of the drafter for row b (0 for a forced row)
+    widths: list[int]  # [B] tokens verified after row b's last token: f_b for a forced row, else k_rows[b]
+    trial: bool  # the policy's probe or exploration: the drafter may bound its catch-up (still exact)
+    u_draft: torch.Tensor  # [B, K] float64: row b's uniforms drawing its drafts (zeros for greedy and coupled rows)
+    u_verify: torch.Tensor  # [B, K+1] float64: its uniforms accepting them, then (column K) the token after
+    noise: torch.Tensor | None  # [C, K+1, V] float64: the coupled rows' Gumbel noise; None: no coupled row
+
+
+@dataclass(slots=True)
+class Drafts:
+    """The step's proposal as the target verifies it."""
+
+    tokens: torch.Tensor  # [B, K'] the drafter's tokens with each forced row's run in place; row b's first widths[b]
+    q: torch.Tensor | None  # [S, K', V] the sampled rows' draft distributions; None: deterministic drafts (one-hot)
+    parents: list[list[int]] | None  # [B][K'] a token tree per row (token_tree.py); None: chains
+    masks: torch.Tensor | None  # [B, K'+1, V] float32 additive grammar masks; None: no row constrained
+    widths: list[int]  # [B] the plan's widths, cut before the first token a row's grammar forbids
+    proposal: Proposal  # the drafter's own, for its costs (catch_up_s, clean, free)
+
+
 class DecodingSession:
     """One running batch on a generator's models: rows join between steps and leave when they finish.
 
@@ -70,22 +148,19 @@ class DecodingSession:
         self.prefill_tokens_per_step = prefill_tokens_per_step
         self.device = self.target.device
         self.rows: dict[int, Row] = {}
-        self.active: list[Row] = []
+        self.batch = RowBatch.of([], self.target.vocab_size, self.device)  # the running rows
         self.waiting: deque[Row] = deque()
-        self._staging = None  # rows being prefilled: [rows, target fork, ids, valid, next column, copies, their fork]
-        self.sampling = BatchSampling([], self.device)
-        self.generators = RowGenerators([], self.device)
-        self.grammars = RowGrammars([], self.target.vocab_size, self.device)
+        self._staging: Staging | None = None
         self.cancelled: set[int] = set()
         self.hidden_wanted = self.drafter is not None and self.drafter.needs_hidden_states
         # Hidden states of a cached prefix are not kept: a drafter that reads them prefills whole prompts.
         self.prefix_cache = None if self.hidden_wanted else gen.prefix_cache
         self.shares_prompts = caches_prefixes(self.target) and not self.hidden_wanted
-        self.trees = bool(getattr(self.target, "supports_trees", False)) and not self.hidden_wanted
+        self.trees = verifies_trees(self.target) and not self.hidden_wanted
         if self.trees and self.drafter is not None:  # a row's tree fits whatever the other rows' trees
-            self.drafter.limit_tree_leaves(getattr(self.target, "tree_leaves", None))
-        if hasattr(self.policy, "model_drafts"):  # only drafts that all cost a model forward may settle it
-            self.policy.model_drafts = isinstance(self.drafter, ModelDrafter)
+            self.drafter.limit_tree_leaves(tree_leaves(self.target))
+        # only drafts that all cost a model forward may settle the policy (policy.py, Settling)
+        self.policy.model_drafts = isinstance(self.drafter, ModelDrafter)
         max_k = self.policy.max_k
         self.stats = Stats(num_speculative_tokens=max_k, accepted_per_position=[0] * max_k,
                            proposed_per_position=[0] * max_k, policy="auto" if self.policy.adaptive else "fixed")
@@ -94,6 +169,14 @@ class DecodingSession:
         self.target.reset(0)
         if self.drafter is not None:
             self.drafter.select_rows([])  # an empty batch: rows join through fork and merge
+
+    @property
+    def active(self) -> list[Row]:
+        return self.batch.rows
+
+    @property
+    def sampling(self) -> BatchSampling:
+        return self.batch.sampling
 
     @property
     def idle(self) -> bool:
@@ -105,7 +188,7 @@ class DecodingSession:
 
     @property
     def queued(self) -> int:
-        return len(self.waiting) + (len(self._staging[0]) + len(self._staging[5]) if self._staging else 0)
+        return len(self.waiting) + (self._staging.size if self._staging else 0)
 
     def add(self, request) -> int:
         """Queue a request; returns its row id (TokenEvent.row of its tokens). It joins at the next step."""
@@ -130,7 +213,7 @@ class DecodingSession:
         self.target.reset(0)
         if self.drafter is not None:
             self.drafter.discard()
-        self.active, self._staging = [], None
+        self.batch, self._staging = RowBatch.of([], self.target.vocab_size, self.device), None
         self.waiting.clear()
 
     def cancel(self, index: int) -> None:
@@ -170,25 +253,29 @@ class DecodingSession:
         if self._staging is None and self.waiting and room > 0:
             rows = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
             self._staging = self._stage(rows)
-        if self._staging is None:
+        staging = self._staging
+        if staging is None:
             return []
         start = time.perf_counter()
-        rows, fork, ids, valid, col, copies, extra = self._staging
-        end = col + self._prefill_columns(ids.shape[1] - col, len(rows), rows[0].stats.cached_tokens + col)
-        chunk_valid = valid[:, col:end] if valid is not None else None
-        logits, hidden = _forward(fork, ids[:, col:end], chunk_valid, self.hidden_wanted, last_only=True)
+        col, ids = staging.column, staging.ids
+        end = col + self._prefill_columns(ids.shape[1] - col, len(staging.rows),
+                                          staging.rows[0].stats.cached_tokens + col)
+        chunk_valid = staging.valid[:, col:end] if staging.valid is not None else None
+        logits, hidden = _forward(staging.fork, ids[:, col:end], chunk_valid, self.hidden_wanted, last_only=True)
         self.stats.target_forward_calls += 1
+        events = []
         if end < ids.shape[1]:
-            self._staging[4] = end
+            staging.column = end
         else:
             self._staging = None
-            if copies:
-                rows, ids, valid, logits = self._copy_prompts(rows, fork, copies, extra, logits)
-            events = self._join(rows, fork, ids, valid, logits, hidden)
+            rows, ids, valid = staging.rows, staging.ids, staging.valid
+            if staging.copies:
+                rows, ids, valid, logits = self._copy_prompts(staging, logits)
+            events = self._join(rows, staging.fork, ids, valid, logits, hidden)
         self.stats.prefill_time_s += time.perf_counter() - start
-        return [] if self._staging is not None else events
+        return events
 
-    def _stage(self, rows: list[Row]) -> list:
+    def _stage(self, rows: list[Row]) -> Staging:
         """A fork of the target for joining rows, each starting from the longest prefix of its prompt whose KV is
         cached (a finished or a running row's); what is left of the prompts is prefilled from there. Rows with the
         same prompt (a request's n choices) prefill it once: the others copy its KV when it is done (_copy_prompts)."""
@@ -203,58 +290,57 @@ class DecodingSession:
                 else:
                     copies.append((row, at))
             rows = unique
-        cache, prompts = self.prefix_cache, [r.request.prompt for r in rows]
+        prompts = [r.request.prompt for r in rows]
         hits = [None] * len(rows)
-        if cache is not None:
+        if self.prefix_cache is not None:
             # a running row's prompt only: its answer's KV came from decode steps, not a prefill (prefix_cache.py)
             running = [(r.request.prompt, min(n, len(r.request.prompt)))
                        for r, n in zip(self.active, self.target.lengths)]
-            hits = [cache.lookup(self.target, p, running, self.prefill_tokens_per_step) for p in prompts]
-            if not cache.make_room(self.target, len(rows) + len(copies), [h[0] for h in hits if h]):
-                hits = [None] * len(rows)
+            hits = self.prefix_cache.admit(self.target, prompts, running, self.prefill_tokens_per_step, len(copies))
         fork = self.target.fork(len(rows))
         if any(hits):
             fork.load_prefixes(hits)
         for row, hit in zip(rows, hits):
             row.stats.cached_tokens = hit[1] if hit else 0
             self.stats.cached_prompt_tokens += row.stats.cached_tokens
-            if cache is not None:
-                cache.record(len(row.request.prompt), row.stats.cached_tokens)
         ids, valid = pad([p[r.stats.cached_tokens:] for p, r in zip(prompts, rows)], self.device, side="left")
-        extra = self.target.fork(len(copies)) if copies else None  # their rows, reserved now
-        return [rows, fork, ids, valid, 0, copies, extra]
+        copies_fork = self.target.fork(len(copies)) if copies else None  # their rows, reserved now
+        return Staging(rows, fork, ids, valid, copies, copies_fork)
 
-    def _copy_prompts(self, rows: list[Row], fork, copies: list, extra, logits):
+    def _copy_prompts(self, staging: Staging, logits):
         """Rows whose prompt another joining row has just prefilled start from a copy of its KV and its last logits
         (the same numbers a prefill of their own would give alone), after the prefilled rows."""
-        extra.load_prefixes([(fork.kv_ref(i), len(row.request.prompt)) for row, i in copies])
-        fork.merge(extra)
+        fork, copies = staging.fork, staging.copies
+        staging.copies_fork.load_prefixes([(fork.kv_ref(i), len(row.request.prompt)) for row, i in copies])
+        fork.merge(staging.copies_fork)
         for row, _ in copies:
             row.stats.cached_tokens = len(row.request.prompt)
             self.stats.cached_prompt_tokens += row.stats.cached_tokens
-        rows = rows + [row for row, _ in copies]
+        rows = staging.rows + [row for row, _ in copies]
         logits = torch.cat([logits, logits[[i for _, i in copies]]])
         ids, valid = pad([r.request.prompt for r in rows], self.device, side="left")
         return rows, ids, valid, logits
 
     def _prefill_columns(self, left: int, rows: int, position: int) -> int:
         """A row joining alone is cut at multiples of the budget from its prompt's start, as a cold prefill is, so
-        one that starts from a cached prefix ends with the cold prefill's forwards (backends' reusable_prefix)."""
+        one that starts from a cached prefix ends with the cold prefill's forwards (backends' reusable_prefix).
+
+        Worked example, a budget of 8 tokens per step: a row joining alone with 5 of its 18 prompt tokens cached
+        (13 columns left) prefills 3 columns (prompt positions 5..7, ending where a cold prefill's first forward
+        ends), then 8 (8..15), then 2 (16..17). Several rows joining together take budget // rows columns a step."""
         step = max(1, self.prefill_tokens_per_step // rows) if self.prefill_tokens_per_step else left + position
         return min(left, step - position % step if rows == 1 else step)
 
     def _join(self, rows: list[Row], fork, ids, valid, logits, hidden) -> list[TokenEvent]:
         """Prefilled rows draw their first token from the prompt's last logits and join the running batch."""
-        coupled = [r.coupled for r in rows]
-        sampling = BatchSampling([r.request.params for r in rows], self.device, coupled)
-        generators = RowGenerators([r.request.seed for r in rows], self.device, coupled,
-                                   [r.request.seed_index for r in rows])
-        grammars = RowGrammars([r.matcher for r in rows], self.target.vocab_size, self.device)
-        u = generators.uniforms([0 if g or c else 1 for g, c in zip(sampling.greedy_rows, coupled)])
-        sampling.noise = generators.noise(1, logits.shape[-1])
+        joined = RowBatch.of(rows, self.target.vocab_size, self.device)
+        sampling, generators, grammars = joined.sampling, joined.generators, joined.grammars
+        u = generators.uniforms([0 if g or r.coupled else 1 for g, r in zip(sampling.greedy_rows, rows)])
+        noise = generators.noise(1, logits.shape[-1])
         masks, _ = grammars.verify_masks([[] for _ in rows], [0] * len(rows))
         scores = sampling.scores(logits[:, -1:], masks)
-        first = verify_rows(ids[:, :0], None, scores, sampling, u, [0] * len(rows), self.gen.method)[1].tolist()
+        first = verify_rows(ids[:, :0], None, scores, sampling, u, [0] * len(rows), self.gen.method,
+                            noise)[1].tolist()
         generators.advance([1] * len(rows))
         grammars.advance([[t] for t in first])
         drafter = None
@@ -279,11 +365,7 @@ class DecodingSession:
             if drafter is not None:
                 drafter.select_rows(keep)
                 self.drafter.merge(drafter)
-            generators.select(keep)
-            self.generators.extend(generators)
-            self.sampling = self.sampling.extend(sampling.select(keep))
-            self.grammars = self.grammars.extend(grammars.select(keep))
-            self.active += [rows[i] for i in keep]
+            self.batch = self.batch.extend(joined.select(keep))
         else:
             self._park_joined(rows, fork, keep)
         return events
@@ -295,129 +377,137 @@ class DecodingSession:
         if self.prefix_cache is None or not gone:
             fork.select_rows(keep)
             return
-        held = fork.lengths
-        for i, handle in zip(gone, fork.park(gone)):
-            prompt = rows[i].request.prompt
-            self.prefix_cache.insert(prompt[: held[i]], handle, exact=len(prompt))
+        prompts = [rows[i].request.prompt for i in gone]
+        self.prefix_cache.park(fork, gone, prompts, [len(p) for p in prompts])
 
     # ------------------------------------------------------------------ one speculative step
     def _decode_step(self) -> list[TokenEvent]:
         t0 = time.perf_counter()
-        active, sampling = self.active, self.sampling
-        forced = self.grammars.forced([min(MAX_FORCED, r.remaining - 1) for r in active]) if self.grammars.any \
-            else [[]] * len(active)
-        if self.drafter is not None:  # a grammar's masks follow chains: constrained batches draft chains
-            self.drafter.use_trees(self.trees and not self.grammars.any)
-        k_rows = self._choose_k(forced)
-        widths = [len(f) or k for f, k in zip(forced, k_rows)]
-        last = torch.tensor([[r.tokens[-1]] for r in active], dtype=torch.long, device=self.device)
-        lengths = self.target.lengths
-        u_draft, u_verify = self.generators.step_uniforms(widths, sampling.greedy_rows)
-        if sampling.any_coupled:
-            sampling.noise = self.generators.noise(max(widths) + 1, self.target.vocab_size)
-        proposal = self._propose(k_rows, u_draft)
-        drafts, q = with_forced(proposal, forced, self.sampling)
-        masks = None
-        if self.grammars.any:  # free batches skip this: drafts.tolist() would be a host sync before the forward
-            masks, widths = self.grammars.verify_masks(drafts.tolist(), widths)
-        tree = proposal.parents
+        plan = self._plan()
+        drafts = self._propose(plan)
         t1 = self._clock()
-        if tree is None:
-            logits, hidden = _forward(self.target, torch.cat([last, drafts], dim=1), None, self.hidden_wanted)
-        else:
-            logits, hidden = self.target.forward_tree(torch.cat([last, drafts], dim=1), tree), None
-        scores = sampling.scores(logits, masks)
-        if tree is None:
-            num_accepted, next_token = verify_rows(drafts, q, scores, sampling, u_verify, widths, self.gen.method)
-            t2 = self._clock()
-            verified = Verified(drafts.tolist(), num_accepted.tolist(), next_token.tolist(), scores)  # the one sync
-        else:
-            tokens = drafts.tolist()
-            paths, next_tokens = verify_tree_rows(tokens, tree, scores, sampling, u_verify, widths)
-            t2 = self._clock()
-            verified = Verified.of_tree(tokens, tree, widths, paths, next_tokens, scores,
-                                        any(r.request.logprobs is not None for r in active))
-        t2 = t2 if self.gen.timing else time.perf_counter()
-        accepted = verified.accepted
-        if tree is None:
-            self.target.trim([n + 1 + a for n, a in zip(lengths, accepted)])
-        else:
-            self.target.keep_paths(verified.paths)
-        self.generators.advance([a + 1 for a in accepted])
-        emitted = [verified.emitted(b) for b in range(len(active))]
-        self.grammars.advance(emitted)
-        if self.drafter is not None:
-            kept = [0 if f else a for f, a in zip(forced, accepted)]
-            self.drafter.update(emitted, kept, hidden if self.hidden_wanted else None)
-        draft_s = t1 - t0 - proposal.catch_up_s if proposal.clean else None
-        self._observe(max(widths), widths, forced, accepted, draft_s, t2 - t1, proposal.free)
-        events = []
-        for b, row in enumerate(active):  # (a tree row's last token is a bonus when its path ended at a leaf)
-            k = verified.accepted[b] if verified.leaves and verified.leaves[b] else widths[b]
-            events += self._emit(row, verified, b, k, len(forced[b]))
-        self._count(widths, forced, accepted)
+        verified = self._verify(plan, drafts)
+        t2 = self._clock()
+        self._commit(plan, verified)
+        self._learn(plan, drafts, verified, t1 - t0, t2 - t1)
+        events = self._emit_all(plan, drafts, verified)
+        self._count(drafts.widths, plan.forced, verified.accepted)
         self._drop_finished()
         self.stats.draft_time_s += t1 - t0
         self.stats.verify_time_s += t2 - t1
         self.stats.other_time_s += time.perf_counter() - t2
         return events
 
-    def _propose(self, k_rows: list[int], uniforms) -> Proposal:
-        """The drafter's proposal for rows that draft this step (forced rows are asked for nothing they keep)."""
-        k = max(k_rows)
-        if k == 0:
-            return Proposal(torch.zeros(len(k_rows), 0, dtype=torch.long, device=self.device))
+    def _plan(self) -> StepPlan:
+        """Forced runs, K per row and the step's random numbers, before anything is drafted."""
+        rows, grammars = self.active, self.batch.grammars
+        forced = grammars.forced([min(MAX_FORCED, r.remaining - 1) for r in rows]) if grammars.any \
+            else [[]] * len(rows)
+        if self.drafter is not None:  # a grammar's masks follow chains: constrained batches draft chains
+            self.drafter.use_trees(self.trees and not grammars.any)
+        k_rows, trial = self._choose_k(forced)
+        widths = [len(f) or k for f, k in zip(forced, k_rows)]
+        u_draft, u_verify = self.batch.generators.step_uniforms(widths, self.sampling.greedy_rows)
+        noise = self.batch.generators.noise(max(widths) + 1, self.target.vocab_size) \
+            if self.sampling.any_coupled else None
+        return StepPlan(forced, k_rows, widths, trial, u_draft, u_verify, noise)
+
+    def _choose_k(self, forced: list[list[int]]) -> tuple[list[int], bool]:
+        """Drafts per row before any is drawn (what keeps the choice lossless): the policy's K, capped; rows whose
+        grammar forces tokens verify those instead (certain drafts, free). Also whether K is the policy's trial."""
+        rows = self.active
+        caps = [0 if f else r.remaining - 1 for r, f in zip(rows, forced)]
+        widest = max([self.policy.max_k] + [r.fixed_k or 0 for r in rows])
+        if self.drafter is None or widest == 0 or max(caps) <= 0:
+            return [0] * len(rows), False
+        if self.policy.settled and not any(r.fixed_k for r in rows):
+            return [0] * len(rows), False  # no draft can pay here (policy.py, Settling): the drafter is not asked
+        # each row drafts at its own K (and what it has left), never at the batch's widest: its drafts, and so its
+        # seeded text, must not depend on the other rows
+        self.drafter.own_k([min(c, self.policy.max_k if r.fixed_k is None else r.fixed_k) for r, c in zip(rows, caps)])
+        caps = [min(c, d) for c, d in zip(caps, self.drafter.max_drafts(widest))]
+        free = self.drafter.drafts_free()  # drafts that run no model are priced free
+        classes = self.drafter.draft_classes()  # None for a drafter without classes
+        behind = self.drafter.behind() if self.policy.adaptive else None  # only the adaptive policy prices it
+        window = self.drafter.catch_up_window
+        probe_behind = None if behind is None else [n if window is None else min(n, window) for n in behind]
+        choice = self.policy.decide(Outlook([r.policy_state for r in rows], [min(c, self.policy.max_k) for c in caps],
+                                            free, classes, behind, probe_behind, [r.remaining for r in rows]))
+        k_rows = [min(choice.k if r.fixed_k is None else r.fixed_k, c) for r, c in zip(rows, caps)]
+        return k_rows, choice.trial
+
+    def _propose(self, plan: StepPlan) -> Drafts:
+        """The drafter's proposal for rows that draft this step, with each forced row's run in its place, and the
+        grammar masks along it (free batches skip them: drafts.tolist() would be a host sync before the forward)."""
+        if plan.trial:
+            self.drafter.limit_catch_up()  # a probe: its draft need not read every token it missed
+        proposal = self._ask_drafter(plan)
+        tokens, q = with_forced(proposal, plan.forced, self.sampling)
+        masks, widths = None, plan.widths
+        if self.batch.grammars.any:
+            masks, widths = self.batch.grammars.verify_masks(tokens.tolist(), widths)
+        return Drafts(tokens, q, proposal.parents, masks, widths, proposal)
+
+    def _ask_drafter(self, plan: StepPlan) -> Proposal:
+        k = max(plan.k_rows)
+        if k == 0:  # forced rows are asked for nothing they keep
+            return Proposal(torch.zeros(len(plan.k_rows), 0, dtype=torch.long, device=self.device))
         calls = self.drafter.forward_calls
-        self.sampling.grammars = self.grammars if self.grammars.any else None
-        try:
-            proposal = self.drafter.propose(k, self.sampling, uniforms, k_rows)
-        finally:
-            self.sampling.grammars = None
-        if proposal.catch_up_s:
-            self.policy.observe_catch_up(proposal.catch_up_tokens, proposal.catch_up_s)
+        grammars = self.batch.grammars
+        context = DraftContext(self.sampling, plan.noise, grammars if grammars.any else None)
+        proposal = self.drafter.propose(k, context, plan.u_draft, plan.k_rows)
         self.stats.draft_forward_calls += self.drafter.forward_calls - calls
         proposal.tokens = proposal.tokens.to(self.device)
         return proposal
 
-    def _choose_k(self, forced: list[list[int]]) -> list[int]:
-        """Drafts per row before any is drawn (what keeps the choice lossless): the policy's K, capped; rows whose
-        grammar forces tokens verify those instead (certain drafts, free)."""
-        caps = [0 if f else r.remaining - 1 for r, f in zip(self.active, forced)]
-        widest = max([self.policy.max_k] + [r.fixed_k or 0 for r in self.active])
-        if self.drafter is None or widest == 0 or max(caps) <= 0:
-            return [0] * len(self.active)
-        if getattr(self.policy, "settled", False) and not any(r.fixed_k for r in self.active):
-            return [0] * len(self.active)  # no draft can pay here (policy.py, Settling): the drafter is not asked
-        # each row drafts at its own K (and what it has left), never at the batch's widest: its drafts, and so its
-        # seeded text, must not depend on the other rows
-        self.drafter.own_k([min(c, self.policy.max_k if r.fixed_k is None else r.fixed_k)
-                            for r, c in zip(self.active, caps)])
-        caps = [min(c, d) for c, d in zip(caps, self.drafter.max_drafts(widest))]
-        self.policy.note_drafting(self.drafter.drafts_free())  # drafts that run no model are priced free
-        classes = self.drafter.draft_classes()  # None for a drafter without classes: its rows keep None
-        for row, draft_class in zip(self.active, classes or ()):  # a long match's copy is worth more than a short one's
-            self.policy.note_class(row.policy_state, draft_class)
-        behind = self.drafter.behind() if self.policy.adaptive else None
-        if behind is not None:  # what a draft's catch-up would cost: only the adaptive policy asks
-            window = self.drafter.catch_up_window
-            for row, n in zip(self.active, behind):
-                self.policy.note_row(row.policy_state, n, n if window is None else min(n, window), row.remaining)
-        k = self.policy.choose([r.policy_state for r in self.active], [min(c, self.policy.max_k) for c in caps])
-        if k and self.policy.trial:
-            self.drafter.limit_catch_up()  # a probe: its draft need not read every token it missed
-        return [min(k if r.fixed_k is None else r.fixed_k, c) for r, c in zip(self.active, caps)]
+    def _verify(self, plan: StepPlan, drafts: Drafts) -> Verified:
+        """One target forward over each row's last token and its drafts, and the exact rule per row: the one place
+        where a chain and a token tree differ (a tree's outcome is read back as a chain's, Verified.of_tree)."""
+        last = torch.tensor([[r.tokens[-1]] for r in self.active], dtype=torch.long, device=self.device)
+        ids, sampling = torch.cat([last, drafts.tokens], dim=1), self.sampling
+        if drafts.parents is None:
+            lengths = self.target.lengths
+            logits, hidden = _forward(self.target, ids, None, self.hidden_wanted)
+            scores = sampling.scores(logits, drafts.masks)
+            num_accepted, next_token = verify_rows(drafts.tokens, drafts.q, scores, sampling, plan.u_verify,
+                                                   drafts.widths, self.gen.method, plan.noise)
+            accepted = num_accepted.tolist()  # the one sync
+            # Row b's cache took its last token and all the drafts: it keeps the last token and the accepted ones.
+            return Verified(drafts.tokens.tolist(), accepted, next_token.tolist(), scores, hidden=hidden,
+                            kept_lengths=[n + 1 + a for n, a in zip(lengths, accepted)])
+        scores = sampling.scores(self.target.forward_tree(ids, drafts.parents), drafts.masks)
+        tokens = drafts.tokens.tolist()
+        paths, next_tokens = verify_tree_rows(tokens, drafts.parents, scores, sampling, plan.u_verify, drafts.widths,
+                                              plan.noise)
+        return Verified.of_tree(tokens, drafts.parents, drafts.widths, paths, next_tokens, scores,
+                                any(r.request.logprobs is not None for r in self.active))
 
-    def _observe(self, k: int, widths: list[int], forced: list[list[int]], accepted: list[int],
-                 draft_s: float | None, verify_s: float, free: bool) -> None:
+    def _commit(self, plan: StepPlan, verified: Verified) -> None:
+        """The target's cache, the random streams, the grammars and the drafter keep what was verified."""
+        accepted = verified.accepted
+        if verified.paths is None:
+            self.target.trim(verified.kept_lengths)
+        else:
+            self.target.keep_paths(verified.paths)
+        self.batch.generators.advance([a + 1 for a in accepted])
+        emitted = [verified.emitted(b) for b in range(len(self.active))]
+        self.batch.grammars.advance(emitted)
+        if self.drafter is not None:
+            kept = [0 if f else a for f, a in zip(plan.forced, accepted)]
+            self.drafter.update(emitted, kept, verified.hidden if self.hidden_wanted else None)
+
+    def _learn(self, plan: StepPlan, drafts: Drafts, verified: Verified, draft_s: float, verify_s: float) -> None:
         """Tell the policy what its rows did; a step widened by a row with a fixed K or a forced run taught it nothing
-        it asked. draft_s None: the drafter caught up on many tokens with its drafts, not a draft step's cost; free:
-        no model forward drafted (no draft step's cost either)."""
-        mine = [i for i, r in enumerate(self.active) if r.fixed_k is None and not forced[i]]
-        if not mine or max((widths[i] for i in mine), default=0) < k:
-            return
-        self.policy.note_drafting(free)
-        self.policy.observe([self.active[i].policy_state for i in mine], k, [accepted[i] for i in mine],
-                            len(self.active), draft_s, verify_s, [widths[i] for i in mine])
+        it asked. A draft time that includes a backlog fed with the drafts (not clean) is no draft step's cost."""
+        rows, widths, proposal = self.active, drafts.widths, drafts.proposal
+        k = max(widths)
+        mine = [i for i, r in enumerate(rows) if r.fixed_k is None and not plan.forced[i]]
+        if max((widths[i] for i in mine), default=0) < k:
+            mine = []
+        self.policy.learn(Outcome(
+            [rows[i].policy_state for i in mine], k, [verified.accepted[i] for i in mine], [widths[i] for i in mine],
+            len(rows), draft_s - proposal.catch_up_s if proposal.clean else None, verify_s, proposal.free,
+            proposal.catch_up_tokens, proposal.catch_up_s))
 
     def _count(self, widths: list[int], forced: list[list[int]], accepted: list[int]) -> None:
         """Statistics: model drafts proposed and kept per position; forced tokens apart (they were never in doubt)."""
@@ -434,6 +524,13 @@ class DecodingSession:
         return time.perf_counter()
 
     # ------------------------------------------------------------------ tokens out, rows out
+    def _emit_all(self, plan: StepPlan, drafts: Drafts, verified: Verified) -> list[TokenEvent]:
+        events = []
+        for b, row in enumerate(self.active):
+            events += self._emit(row, verified, b, verified.drafts_behind_last(b, drafts.widths[b]),
+                                 len(plan.forced[b]))
+        return events
+
     def _emit(self, row: Row, verified: Verified, b: int, k: int, n_forced: int) -> list[TokenEvent]:
         """Append row b's new tokens until it finishes; return their events (k: its drafts this step, n_forced: how
         many of them its grammar forced)."""
@@ -469,6 +566,7 @@ class DecodingSession:
         return events
 
     def _drop_finished(self) -> None:
+        """Finished rows leave the batch: its host state, the drafter's rows and the target's (or the prefix cache)."""
         for row in self.active:
             if row.finish_reason is None and row.index in self.cancelled:
                 row.finish_reason = "cancelled"
@@ -477,10 +575,7 @@ class DecodingSession:
             self._park_or_drop(keep)
             if self.drafter is not None:
                 self.drafter.select_rows(keep)
-            self.generators.select(keep)
-            self.sampling = self.sampling.select(keep)
-            self.grammars = self.grammars.select(keep)
-            self.active = [self.active[i] for i in keep]
+            self.batch = self.batch.select(keep)
 
     def _park_or_drop(self, keep: list[int]) -> None:
         """Finished rows leave the target's batch; with a prefix cache their KV stays, as a cache entry."""
@@ -489,10 +584,9 @@ class DecodingSession:
             return
         kept = set(keep)
         gone = [i for i in range(len(self.active)) if i not in kept]
-        held = self.target.lengths
-        for i, handle in zip(gone, self.target.park(gone)):
-            prompt = self.active[i].request.prompt
-            self.prefix_cache.insert((prompt + self.active[i].tokens)[: held[i]], handle, exact=len(prompt))
+        rows = [self.active[i] for i in gone]
+        self.prefix_cache.park(self.target, gone, [r.request.prompt + r.tokens for r in rows],
+                               [len(r.request.prompt) for r in rows])
 
     def result(self, indices: list[int] | None = None) -> GenerationResult:
         """The GenerationResult of these rows (all by default), with the session's statistics."""

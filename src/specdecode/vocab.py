@@ -74,6 +74,13 @@ def unwrap_model(model_or_loaded):
     return model_or_loaded, None
 
 
+def token_ids(value) -> set[int]:
+    """An eos_token_id as tokenizers and configs give it (None, one id or a list of ids) as a set of ints: the one
+    place this is normalised."""
+    if value is None:
+        return set()
+    return {int(value)} if isinstance(value, int) else {int(t) for t in value}
+
+
 def tokenizer_eos_ids(tokenizer) -> set[int]:
-    value = getattr(tokenizer, "eos_token_id", None)
-    return set() if value is None else set([value] if isinstance(value, int) else value)
+    return token_ids(getattr(tokenizer, "eos_token_id", None))

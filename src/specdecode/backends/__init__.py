@@ -53,7 +53,7 @@ class BackendEntry:
     """What load_model needs of a backend.
 
     load(source, options) -> LoadedModel: source is a name or path (or a transformers model object, which a
-    backend may refuse), options a models.loading.LoadOptions. claims(source, options) -> bool: backend="auto"
+    backend may refuse), options a models.sources.LoadOptions. claims(source, options) -> bool: backend="auto"
     runs this model on this backend (checked only when available() says its dependencies are installed).
     """
 

@@ -70,6 +70,35 @@ class PrefixCaching(Protocol):
         """On a fresh fork: row b starts from the first n tokens of handle's KV, for each (handle, n) (None: empty)."""
 
 
+class TokenTrees(Protocol):
+    """What a backend offers to verify token trees (optional: `verifies_trees` says whether a backend has it now).
+
+    supports_trees: whether this instance can (a transformers model without sliding windows; llama.cpp built with
+    spare sequences)."""
+
+    @property
+    def supports_trees(self) -> bool: ...
+
+    def forward_tree(self, input_ids: torch.Tensor, parents: list[list[int]]) -> torch.Tensor:
+        """Logits [B, N+1, V]: input_ids [B, N+1] are each row's last token and its N nodes, parents[b] their tree
+        (token_tree.py: parents[b][i] is node i's parent, -1 the root). Every node's KV is held until keep_paths."""
+
+    def keep_paths(self, paths: list[list[int]]) -> None:
+        """Row b keeps the nodes paths[b] (a root-to-node path, in order) of the last tree and forgets the others."""
+
+    # Optional: tree_leaves (int), the most leaves a row's tree may have whatever the other rows' trees (llama.cpp:
+    # each leaf past the first takes a spare sequence); read through tree_leaves() below, None when absent.
+
+
+def verifies_trees(backend) -> bool:
+    return all(callable(getattr(backend, name, None)) for name in ("forward_tree", "keep_paths")) and \
+        bool(backend.supports_trees)
+
+
+def tree_leaves(backend) -> int | None:
+    return getattr(backend, "tree_leaves", None)
+
+
 def caches_prefixes(backend) -> bool:
     return all(callable(getattr(backend, name, None)) for name in ("park", "kv_ref", "load_prefixes", "free_rows"))
 

@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from ..token_tree import ancestors_mask, depths
-from ..vocab import embedding_rows
+from ..vocab import embedding_rows, token_ids
 from . import register_backend
 
 
@@ -309,9 +309,7 @@ class _RowKV:
 def _eos_ids(model) -> set[int]:
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if value is not None:
-            ids.update([value] if isinstance(value, int) else value)
+        ids |= token_ids(getattr(source, "eos_token_id", None))
     return ids
 
 
@@ -336,7 +334,7 @@ def _left_pad_mask(mask, batch: int, slots: int, width: int, device) -> torch.Te
 
 def load(source, options):
     """The transformers backend's loader: the model as transformers loads it, run by HFBackend."""
-    from ..models.loading import load_transformers
+    from ..models.sources import load_transformers
 
     if options.backend_options:
         raise ValueError(f"the transformers backend takes no backend_options (got {sorted(options.backend_options)})")

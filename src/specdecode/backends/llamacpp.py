@@ -388,7 +388,7 @@ class LlamaCppBackend:
 # ---------------------------------------------------------------------------------------------- loading
 def claims(source, options) -> bool:
     """backend="auto" runs a GGUF model (a .gguf file or a built-in name) on llama.cpp when it is to run on the CPU."""
-    from ..models.loading import is_gguf
+    from ..models.sources import is_gguf
 
     return isinstance(source, (str, os.PathLike)) and is_gguf(str(source)) and options.on_cpu
 
@@ -400,7 +400,7 @@ def load(source, options):
     many rows, threads for llama.cpp's threads."""
     from transformers import AutoTokenizer
 
-    from ..models.loading import LoadedModel, is_gguf, locate
+    from ..models.sources import LoadedModel, is_gguf, locate
     from ..models.prepare import gguf_tokenizer_dir, prepare_gguf
 
     if not isinstance(source, (str, os.PathLike)):

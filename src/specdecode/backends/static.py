@@ -354,7 +354,7 @@ def load(source, options):
     its logits cut to the tokenizer's vocabulary."""
     from dataclasses import replace
 
-    from ..models.loading import LoadedModel, load_transformers
+    from ..models.sources import LoadedModel, load_transformers
 
     loaded = load_transformers(source, replace(options, backend_options=None))
     vocab = len(loaded.tokenizer) if loaded.tokenizer is not None else None

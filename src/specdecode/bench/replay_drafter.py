@@ -82,12 +82,12 @@ class ReplayDrafter(Drafter):
         if self.model is not None:
             self.model.limit_catch_up()
 
-    def propose(self, k: int, sampling, uniforms, num_drafts) -> Proposal:
+    def propose(self, k: int, context, uniforms, num_drafts) -> Proposal:
         tokens = torch.tensor([[self.draft_token(r, p + i) for i in range(k)] for r, p in zip(self._rows, self._pos)],
                               dtype=torch.long)
         if self.model is None:
             return Proposal(tokens, free=True)
-        paid = self.model.propose(k, sampling, uniforms, num_drafts)
+        paid = self.model.propose(k, context, uniforms, num_drafts)
         return Proposal(tokens.to(paid.tokens.device), None, paid.catch_up_s, paid.catch_up_tokens, clean=paid.clean)
 
     def update(self, emitted: list[list[int]], kept: list[int], hidden=None) -> None:

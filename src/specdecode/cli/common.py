@@ -8,19 +8,12 @@ import sys
 import time
 from typing import Optional
 
-import typer
-from rich.console import Console
 from rich.markup import escape
 
-from ..errors import OptionError
 from ..pair import make_generator  # noqa: F401  (where the commands find it)
+from .console import WIDE, CLIError, err, fail, flag, flagged, one_line, out, user_errors  # noqa: F401
 from .options import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: F401  (where scripts and tests have found them)
-from .options import AUTO, CLIError, ModelOptions, flag
-
-# Progress bars and status lines go to stderr so stdout stays clean for text and --json.
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
-WIDE = 200  # columns for output that goes to a pipe or a file
+from .options import AUTO, ModelOptions
 
 
 def fit_width() -> None:
@@ -36,43 +29,6 @@ def fit_width() -> None:
         out.width = WIDE
     if not sys.stderr.isatty():
         err.width = WIDE
-
-
-def fail(message: str, code: int = 1) -> None:
-    # soft_wrap: one line whatever the width.
-    err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-@contextlib.contextmanager
-def user_errors():
-    """Turn the library's expected errors into one clear line and a non-zero exit, never a traceback."""
-    try:
-        yield
-    except (typer.Exit, typer.Abort, KeyboardInterrupt):
-        raise
-    except OptionError as e:  # the library names its option: the user typed a flag
-        fail(escape(one_line(flagged(e))))
-    except (CLIError, ValueError, FileNotFoundError, RuntimeError, ImportError, OSError) as e:
-        fail(escape(one_line(str(e))) if str(e).strip() else type(e).__name__)
-    except Exception as e:  # a bug, not bad input: still one line, with the way to the traceback
-        if os.environ.get("SPECDECODE_DEBUG"):
-            raise
-        fail(escape(f"internal error ({type(e).__name__}: {one_line(str(e))}); set SPECDECODE_DEBUG=1 for the "
-                    f"traceback and please report it"))
-
-
-def flagged(error: OptionError) -> str:
-    """The library's message in the CLI's words: "max_batch_size must be ..." -> "--max-batch-size must be ..."."""
-    message = str(error)
-    if message.startswith(error.option):
-        return flag(error.option) + message[len(error.option):]
-    return f"{flag(error.option)}: {message}"
-
-
-def one_line(message: str) -> str:
-    """A multi-line message as one line: later lines (e.g. the pip command of ModelNotInstalledError) are kept."""
-    return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
 @contextlib.contextmanager

@@ -19,24 +19,13 @@ from typing import Optional
 import typer
 
 from ..backends import backend_help
+from .console import FLAGS, CLIError, flag, user_errors  # noqa: F401  (CLIError, FLAGS: where callers have found them)
 from ..pair import DEFAULT_DRAFT, DEFAULT_TARGET, ModelOptions, parse_k, parse_k_list  # noqa: F401  (re-exported)
 from ..pair import AUTO_DRAFT, DEFAULT_SUFFIX_HISTORY_TOKENS  # noqa: F401  (AUTO_DRAFT: the commands' default)
 from ..speculation import AUTO
 
 PANEL = "Models and speculation"
 SAMPLING_PANEL = "Sampling"
-
-
-class CLIError(Exception):
-    """A problem the user can fix; printed as one line, exit code 1."""
-
-
-FLAGS = {"k": "-k", "served_model_names": "--served-model-name"}  # the flags not spelled like their option
-
-
-def flag(option: str) -> str:
-    """The flag of a library option name (an OptionError's option): k -> -k, top_p -> --top-p."""
-    return FLAGS.get(option) or "--" + option.replace("_", "-")
 
 
 def _backend_help() -> str:
@@ -222,8 +211,6 @@ def _replace_parameter(command, name: str, declared: dict, build):
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
-        from .common import user_errors
-
         values = {field: kwargs.pop(field) for field in declared}
         with user_errors():
             built = build(values)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import BatchSampling
+from ..sampling import BatchSampling, coupled_choice
 
 
 @dataclass
@@ -38,6 +38,59 @@ class Proposal:
     clean: bool = True
     free: bool = False
     parents: list[list[int]] | None = None
+
+
+@dataclass(slots=True)
+class DraftContext:
+    """What a drafter needs for one step besides k and its uniforms, handed to propose() and never kept.
+
+    The loop makes one per step; the drafter reads the rows' settings through it, draws coupled rows with its noise
+    and follows the rows' grammars through it, so BatchSampling stays a fixed description of the rows."""
+
+    sampling: BatchSampling  # [B] the rows' sampling settings
+    noise: torch.Tensor | None = None  # [C, K+1, V] float64: the coupled rows' Gumbel noise for this step's positions
+    grammars: object | None = None  # row_grammars.RowGrammars [B] when some row is constrained, else None
+
+    @property
+    def greedy_rows(self) -> list[bool]:
+        return self.sampling.greedy_rows
+
+    @property
+    def all_greedy(self) -> bool:
+        return self.sampling.all_greedy
+
+    @property
+    def sampled_index(self) -> torch.Tensor:
+        return self.sampling.sampled_index
+
+    def draft_mask(self, i: int, previous: torch.Tensor | None) -> torch.Tensor | None:
+        """[B, V] bool: the tokens the rows' grammars allow at draft position i after the drafts before it
+        (previous [B]: the tokens drafted at position i - 1); None when no row is constrained."""
+        return None if self.grammars is None else self.grammars.draft_mask(i, previous)
+
+    def masked(self, logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """What greedy rows take the argmax of: the logits with what the grammar forbids at -inf."""
+        return self.sampling.masked(logits, self._additive(mask))
+
+    def probs(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[S, V] the sampled rows' draft distributions q, warped and masked exactly as the target's p."""
+        return self.sampling.probs(logits, self._additive(mask))
+
+    def couple_drafts(self, tokens: torch.Tensor, q: torch.Tensor, i: int) -> None:
+        """Overwrite the coupled rows' draft tokens [B] at draft position i by argmax(log q + noise) (in place).
+
+        q [S, V]: the sampled rows' draft distributions at that position. The target side takes
+        argmax(log p + the same noise): the draft is kept exactly when the two agree."""
+        if self.sampling.any_coupled:
+            c = self.sampling.coupled_pos
+            tokens[self.sampling.sampled_index[c]] = coupled_choice(torch.log(q[c]), self.noise[:, i])
+
+    def _additive(self, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """A bool mask draft_mask handed out, in the additive form its grammar made once from the bitmask."""
+        if mask is None or self.grammars is None:
+            return mask
+        bias = self.grammars.bias_for(mask)
+        return mask if bias is None else bias
 
 
 MATCH_CLASSES = (1, 2, 3, 5, 8, 15, 31)  # upper bounds of the match-length classes; longer matches are the last class
@@ -68,12 +121,12 @@ class Drafter:
         """Per row, how many of k drafts the drafter can really propose now (prompt lookup: its match length)."""
         raise NotImplementedError
 
-    def propose(self, k: int, sampling: BatchSampling, uniforms: torch.Tensor | None,
+    def propose(self, k: int, context: DraftContext, uniforms: torch.Tensor | None,
                 num_drafts: list[int]) -> Proposal:
         """k draft tokens per row. Sampled rows draw with uniforms [B, k] (row b's own random numbers for its first
         num_drafts[b] drafts; drafts past those are ignored and must not use randomness); greedy rows take the
-        argmax; rows that `sampling` marks as coupled draw argmax(log q + noise) (`sampling.couple_drafts`).
-        Under a grammar the distributions are `sampling.draft_probs(logits, i, prev)`, masked like the target's."""
+        argmax; coupled rows draw argmax(log q + noise) (`context.couple_drafts`). Under a grammar the masks are
+        `context.draft_mask(i, previous)` and the distributions `context.probs(logits, mask)`, as the target's."""
         raise NotImplementedError
 
     def update(self, emitted: list[list[int]], kept: list[int], hidden=None) -> None:
@@ -138,47 +191,3 @@ class Drafter:
     def set_prefix_cache(self, max_tokens: int) -> None:
         """Keep up to max_tokens tokens of finished rows' KV for prompts that start the same (a drafter with a model
         cache; others have nothing to keep)."""
-
-
-class LegacyDrafter(Drafter):
-    """A drafter object written to the old duck-typed contract (propose returns (tokens, q); update takes drafts,
-    accepted counts and next tokens), adapted to this one."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.needs_hidden_states = bool(getattr(inner, "needs_hidden_states", False))
-        self.max_rows = getattr(inner, "max_rows", None)
-
-    @property
-    def forward_calls(self) -> int:
-        return getattr(self.inner, "forward_calls", 0)
-
-    def _hidden(self, hidden) -> dict:
-        return {"hidden": hidden} if self.needs_hidden_states else {}
-
-    def prefill(self, input_ids, valid, hidden=None):
-        self.inner.prefill(input_ids, valid, **self._hidden(hidden))
-
-    def max_drafts(self, k):
-        return self.inner.max_drafts(k)
-
-    def own_k(self, ks):
-        if hasattr(self.inner, "own_k"):
-            self.inner.own_k(ks)
-
-    def propose(self, k, sampling, uniforms, num_drafts):
-        out = self.inner.propose(k, sampling, uniforms, num_drafts)
-        return out if isinstance(out, Proposal) else Proposal(*out)
-
-    def update(self, emitted, kept, hidden=None):
-        self.inner.update([e[:-1] for e in emitted], [len(e) - 1 for e in emitted], [e[-1] for e in emitted],
-                          **self._hidden(hidden))
-
-    def select_rows(self, rows):
-        self.inner.select_rows(rows)
-
-    def fork(self, batch_size):
-        return LegacyDrafter(self.inner.fork(batch_size))
-
-    def merge(self, other):
-        self.inner.merge(other.inner)

@@ -7,10 +7,10 @@ import time
 import torch
 
 from ..backends.base import ModelBackend, caches_prefixes, pad
-from ..prefix_cache import PrefixCache
-from ..sampling import BatchSampling, sample_with_uniforms
+from ..prefix_cache import PrefixCache, common_prefix
+from ..sampling import sample_with_uniforms
 from ..token_tree import padded
-from .base import Drafter, Proposal
+from .base import DraftContext, Drafter, Proposal
 
 
 class ModelDrafter(Drafter):
@@ -45,7 +45,7 @@ class ModelDrafter(Drafter):
         self.max_rows = getattr(backend, "max_rows", None)  # rows its cache can hold (None: no limit)
         self.forward_calls = 0
         self._pending: list[list[int]] = []
-        self._fed: list[int] = []  # cache length per row before the last proposal
+        self._fed: list[int] = []  # cache length per row once the last proposal fed its pending tokens (propose -> update)
         self._proposed = 0
         self.catch_up = 0  # tokens the last proposal had to feed for its longest row (normally 1 or 2) ...
         self.catch_up_s = 0.0  # ... and the seconds of a forward of their own, when every row was behind,
@@ -123,7 +123,7 @@ class ModelDrafter(Drafter):
                 self._pending[b] = self._pending[b][-self.catch_up_window:]
                 self._history[b] = None  # its cache now starts mid-text: nothing to park
 
-    def propose(self, k: int, sampling: BatchSampling, uniforms, num_drafts):
+    def propose(self, k: int, context: DraftContext, uniforms, num_drafts):
         self.catch_up, self.catch_up_s = max(map(len, self._pending), default=0), 0.0
         if self.catch_up > 2 and min(map(len, self._pending)) >= 2:
             # Every row is behind (plain steps since the last proposal): feed all but each row's last token in a
@@ -140,18 +140,18 @@ class ModelDrafter(Drafter):
         ids, valid = pad(self._pending, self.backend.device, side="right")
         siblings = min(self.tree_width - 1, k - 1, self.max_leaves - 1) if self._trees else 0
         tokens, probs, token, first = [], [], None, None
-        sampled = sampling.sampled_index
+        sampled = context.sampled_index
         for i in range(k - siblings):
             logits = self.backend.forward(ids, valid, last_only=True)[:, -1]
             self.forward_calls += 1
-            mask = sampling.draft_mask(i, token)  # the rows' grammars, followed along their own drafts
-            token = torch.argmax(sampling.masked(logits, mask), dim=-1)  # additive mask: branch-free
+            mask = context.draft_mask(i, token)  # the rows' grammars, followed along their own drafts
+            token = torch.argmax(context.masked(logits, mask), dim=-1)  # additive mask: branch-free
             if i == 0 and siblings:
-                first = sampling.masked(logits, mask)
-            if not sampling.all_greedy:
-                q = sampling.probs(logits) if mask is None else sampling.probs(logits, mask)
+                first = context.masked(logits, mask)
+            if not context.all_greedy:
+                q = context.probs(logits) if mask is None else context.probs(logits, mask)
                 token[sampled] = sample_with_uniforms(q, uniforms[sampled, i])
-                sampling.couple_drafts(token, q, i)
+                context.couple_drafts(token, q, i)
                 probs.append(q)
             tokens.append(token)
             ids, valid = token.unsqueeze(1), None
@@ -192,8 +192,16 @@ class ModelDrafter(Drafter):
             return
         # The cache saw the pending tokens and its drafts[:k-1]; keep what was accepted of those (after a tree, the
         # chain's tokens that were kept: a path through a sibling kept none of them).
+        #
+        # Worked example, one row, k = 3: the cache held 10 tokens and pending was [t] (the target's last token).
+        # propose fed t (_fed = 11) and drew d1, fed d1 and drew d2, fed d2 and drew d3 (never fed): the cache
+        # holds 13 = _fed + k - 1 tokens. Then, by what the target kept:
+        #   kept 0, emitted [x]:             cached 0, trim to 11 (..., t),         pending [x]
+        #   kept 1, emitted [d1, x]:         cached 1, trim to 12 (..., t, d1),     pending [x]
+        #   kept 3, emitted [d1, d2, d3, b]: cached 2, trim to 13 (..., t, d1, d2), pending [d3, b]
+        # After a tree whose chain was [d1, d2] and a sibling s of d1: a path through s kept 0 of the chain.
         if self._chain:
-            kept = [_common_prefix(c, e[:n]) for c, e, n in zip(self._chain, emitted, kept)]
+            kept = [common_prefix(c, e[:n]) for c, e, n in zip(self._chain, emitted, kept)]
             self._chain = []
         cached = [min(n, k - 1) for n in kept]
         self.backend.trim([f + c for f, c in zip(self._fed, cached)])
@@ -208,10 +216,9 @@ class ModelDrafter(Drafter):
     def select_rows(self, rows: list[int]) -> None:
         gone = [b for b in range(len(self._pending)) if b not in set(rows)]
         if self.prefix_cache is not None and gone:  # rows that leave park their KV for prompts that start the same
-            held = self.backend.lengths
-            for b, handle in zip(gone, self.backend.park(gone)):
-                if self._history[b] is not None:  # its drafts' KV came from 1-token forwards: the prompt's is lent
-                    self.prefix_cache.insert(self._history[b][: held[b]], handle, exact=self._prompt_lengths[b])
+            # its drafts' KV came from 1-token forwards: only the prompt's is lent
+            self.prefix_cache.park(self.backend, gone, [self._history[b] for b in gone],
+                                   [self._prompt_lengths[b] for b in gone])
         else:
             self.backend.select_rows(rows)
         self._history = [self._history[r] for r in rows] if self._history else []
@@ -219,9 +226,3 @@ class ModelDrafter(Drafter):
         self._pending = [self._pending[r] for r in rows]
         self._fed = [self._fed[r] for r in rows] if self._fed else []
 
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n

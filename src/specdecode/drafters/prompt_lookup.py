@@ -56,7 +56,7 @@ class PromptLookupDrafter(Drafter):
         """Per row, the class of the n-gram length its match was found at (None where none was found)."""
         return [match_class(n) if n else None for n in self._ngrams]
 
-    def propose(self, k: int, sampling, uniforms, num_drafts):
+    def propose(self, k: int, context, uniforms, num_drafts):
         matches = self._matches or [self._lookup(c, k) for c in self._context]
         self._matches = []
         # Past the match (or with none) a row's drafts are not verified (num_drafts stops there): pad with anything.

@@ -202,7 +202,7 @@ class SuffixDrafter(Drafter):
         first): the expected number of its tokens kept."""
         return [d.score for d in self._drafts_for(k)]
 
-    def propose(self, k: int, sampling, uniforms, num_drafts):
+    def propose(self, k: int, context, uniforms, num_drafts):
         if self._trees:  # the first n nodes of a best-first tree are the best tree of n nodes
             trees = [d.tree for d in self._drafts_for(k)]
             rows = [(t[:n] + log.tail(1) * (k - len(t[:n])), padded(p[:n], k))

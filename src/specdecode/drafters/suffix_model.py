@@ -168,29 +168,29 @@ class SuffixModelDrafter(Drafter):
             self.model_drafter.limit_catch_up()
 
     # ------------------------------------------------------------------ drafting
-    def propose(self, k: int, sampling, uniforms, num_drafts):
+    def propose(self, k: int, context, uniforms, num_drafts):
         if self._copied is None:  # asked without max_drafts: plan now
             self.max_drafts(k)
         copied, self._drafted = self._copied, list(num_drafts)
-        suffix = self.suffix.propose(k, sampling, uniforms, num_drafts)
+        suffix = self.suffix.propose(k, context, uniforms, num_drafts)
         if all(c or not n for c, n in zip(copied, num_drafts)):  # no drafting row needs the model
             self.counts.free_steps += 1
             return Proposal(suffix.tokens, free=True)
         self.counts.model_steps += 1
-        model = self.model_drafter.propose(k, sampling, uniforms, num_drafts)
+        model = self.model_drafter.propose(k, context, uniforms, num_drafts)
         self._model_tokens = model.tokens
         use = torch.tensor(copied, device=model.tokens.device).unsqueeze(1)
         tokens = torch.where(use, suffix.tokens.to(model.tokens.device), model.tokens)
-        return Proposal(tokens, _one_hot_rows(model.q, tokens, copied, sampling), model.catch_up_s,
+        return Proposal(tokens, _one_hot_rows(model.q, tokens, copied, context), model.catch_up_s,
                         model.catch_up_tokens, model.clean)
 
 
-def _one_hot_rows(q: torch.Tensor | None, tokens: torch.Tensor, copied: list[bool], sampling) -> torch.Tensor | None:
+def _one_hot_rows(q: torch.Tensor | None, tokens: torch.Tensor, copied: list[bool], context) -> torch.Tensor | None:
     """The model's q [S, K, V] with each copied sampled row's replaced by one-hot rows at its drafts: a deterministic
     draft's q, exactly (the verifier then applies the q=None rule to it, whatever the model drew for that row)."""
     if q is None:  # every row is greedy: no q at all
         return None
-    sampled = [b for b, greedy in enumerate(sampling.greedy_rows) if not greedy]  # q's rows, read off the host
+    sampled = [b for b, greedy in enumerate(context.greedy_rows) if not greedy]  # q's rows, read off the host
     rows = [s for s, b in enumerate(sampled) if copied[b]]
     if rows:
         drafts = tokens[[sampled[s] for s in rows]]

@@ -1,0 +1,133 @@
+"""The package's import graph, read from the source (no module is imported): no module imports itself back through
+others when it runs, the core never imports the CLI or the server, and a layer never imports the one above it."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "specdecode"
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    """Dotted name -> (file, whether it is a package's __init__)."""
+    found = {}
+    for path in SRC.rglob("*.py"):
+        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+        package = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if package else parts)] = (path, package)
+    return found
+
+
+def _ancestors(name: str) -> set[str]:
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def _run_time_nodes(tree: ast.AST):
+    """Every node but those under `if TYPE_CHECKING:` (imports for annotations, which never run)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+@functools.lru_cache(maxsize=1)
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports at run time, at the top or inside a function (importing a.b.c runs
+    a and a.b first; a module's own packages are already running, so they are not edges)."""
+    modules = _modules()
+    graph = {}
+    for name, (path, package) in modules.items():
+        here = name if package else name.rsplit(".", 1)[0]
+        running = _ancestors(name) | ({name} if package else set())
+        edges = set()
+        for node in _run_time_nodes(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                if target in modules:
+                    edges |= {m for m in {target} | _ancestors(target) if m in modules and m not in running}
+        graph[name] = edges - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_checker_finds_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_core_imports_neither_the_cli_nor_the_server():
+    graph = import_graph()
+    front = ("specdecode.cli", "specdecode.server", "specdecode.bench")
+    entry = ("specdecode", "specdecode.__main__")  # the package's lazy names and `python -m specdecode`
+    core = [m for m in graph if m not in entry and not m.startswith(front) and not m.startswith("specdecode.evals")]
+    wrong = {m: sorted(d for d in graph[m] if d.startswith(("specdecode.cli", "specdecode.server"))) for m in core}
+    assert {m: d for m, d in wrong.items() if d} == {}
+
+
+@pytest.mark.parametrize("lower, upper", [
+    ("specdecode.backends", ("specdecode.models.loading", "specdecode.pair", "specdecode.engine",
+                             "specdecode.session", "specdecode.drafters")),
+    ("specdecode.drafters", ("specdecode.models.loading", "specdecode.pair", "specdecode.engine",
+                             "specdecode.session")),
+    ("specdecode.sampling", ("specdecode.row_grammars", "specdecode.constraints", "specdecode.session")),
+])
+def test_no_import_runs_back_up(lower, upper):
+    """Backends are below the loader that picks one (models/loading.py) and below the loop; drafters below the loop;
+    the sampler below the grammars."""
+    graph = import_graph()
+    wrong = {m: sorted(d for d in graph[m] if d.startswith(upper)) for m in graph if m.startswith(lower)}
+    assert {m: d for m, d in wrong.items() if d} == {}
