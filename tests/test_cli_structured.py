@@ -13,37 +13,17 @@ import re
 
 import jsonschema
 import pytest
-from typer.testing import CliRunner
-
-from specdecode.cli.app import app
+from test_cli import invoke, pair, target_only  # noqa: F401  (the tiny models' options, as fixtures)
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]}},
           "required": ["ok", "color"], "additionalProperties": False}
-FAST = ["--draft-quantize", "none"]
-
-
-def run(*args):
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise AssertionError(f"uncaught {type(result.exception).__name__}: {result.exception}\n{result.output}")
-    return result
 
 
 def record(*args) -> dict:
-    result = run("generate", *args, "--json")
+    result = invoke("generate", *args, "--json")
     assert result.exit_code == 0, result.output
     [line] = result.stdout.splitlines()
     return json.loads(line)
-
-
-@pytest.fixture(scope="module")
-def pair(tiny_model_dirs):
-    return ["--target", tiny_model_dirs["target"], "--draft", tiny_model_dirs["draft"], *FAST]
-
-
-@pytest.fixture(scope="module")
-def target_only(tiny_model_dirs):
-    return ["--target", tiny_model_dirs["target"], "--draft", "none"]
 
 
 @pytest.fixture
@@ -98,7 +78,7 @@ def test_logprobs_in_json(pair, target_only):
 
 
 def test_logprobs_table_on_stderr(pair):
-    result = run("generate", "The quick brown fox", *pair, "-n", 4, "--ignore-eos", "--logprobs", 2)
+    result = invoke("generate", "The quick brown fox", *pair, "-n", 4, "--ignore-eos", "--logprobs", 2)
     assert result.exit_code == 0, result.output
     assert "logprobs, prompt 1" in result.stderr and "top alternatives" in result.stderr
 
@@ -112,7 +92,7 @@ def test_logprobs_table_on_stderr(pair):
 ])
 def test_bad_values_fail_before_loading(flags, message):
     # --target names no real model: the check must fail before loading is tried
-    result = run("generate", "x", "--target", "/nonexistent/model", *flags)
+    result = invoke("generate", "x", "--target", "/nonexistent/model", *flags)
     assert result.exit_code != 0
     assert message in " ".join(result.output.split()), result.output
 
@@ -120,12 +100,12 @@ def test_bad_values_fail_before_loading(flags, message):
 def test_a_file_that_is_not_json(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{'type': 'object'}")
-    result = run("generate", "x", "--target", "/nonexistent/model", "--json-schema", bad)
+    result = invoke("generate", "x", "--target", "/nonexistent/model", "--json-schema", bad)
     assert result.exit_code != 0 and "not JSON" in result.output
 
 
 def test_an_invalid_schema_is_named(target_only, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "no-such-type"}}}))
-    result = run("generate", "x", *target_only, "--json-schema", bad, "-n", 4)
+    result = invoke("generate", "x", *target_only, "--json-schema", bad, "-n", 4)
     assert result.exit_code != 0 and "error:" in result.output and "Traceback" not in result.output
