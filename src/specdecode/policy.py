@@ -120,7 +120,7 @@ class Outcome:
     drafted: list[int]  # [R] drafts row r was given
     batch_size: int  # rows in the step's forward
     draft_s: float | None  # seconds drafting took; None: not a draft step's cost (fed a backlog with its drafts)
-    verify_s: float  # seconds of the target's forward and the verification
+    verify_s: float | None  # seconds of the target's forward and the verification; None: a cold forward (no sample)
     free: bool = False  # no model forward drafted (Proposal.free): no draft step's cost to learn
     catch_up_tokens: int = 0  # tokens the draft fed before drafting, timed apart (Proposal.catch_up_*)
     catch_up_s: float = 0.0
@@ -198,7 +198,7 @@ class Policy(ABC):
 
     # ------------------------------------------------------------------ after a step
     def observe(self, rows: list[RowState], k: int, accepted: list[int], batch_size: int,
-                draft_seconds: float | None, verify_seconds: float, drafted: list[int] | None = None,
+                draft_seconds: float | None, verify_seconds: float | None, drafted: list[int] | None = None,
                 free: bool | None = None) -> None:
         """Record a step: k drafts (0 = plain step), accepted[b] of row b's drafts kept, its timings.
 
@@ -208,7 +208,8 @@ class Policy(ABC):
         learn() is recording): no model forward drafted (suffix+MODEL copying every row), no draft cost to learn."""
         drafted = self._drafted(rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted)
         self._histogram[k] = self._histogram.get(k, 0) + 1
-        self._verify.setdefault(batch_size, {}).setdefault(k + 1, Cost()).add(verify_seconds)
+        if verify_seconds is not None:  # None: a cold forward (a graph captured), no sample of the step's cost
+            self._verify.setdefault(batch_size, {}).setdefault(k + 1, Cost()).add(verify_seconds)
         if k == 0:
             return
         free = self._free_drafts if free is None else free
@@ -227,7 +228,8 @@ class Policy(ABC):
         if not 0 <= k <= self.max_k or len(accepted) != len(rows) or len(drafted or rows) != len(rows):
             raise ValueError(f"observe() got k={k} (max_k={self.max_k}) and {len(rows)} rows, {len(accepted)} "
                              f"accepted counts: pass one count per row and a k in 0..max_k")
-        if batch_size < 1 or (draft_seconds is not None and draft_seconds < 0) or verify_seconds < 0:
+        if batch_size < 1 or (draft_seconds is not None and draft_seconds < 0) or \
+                (verify_seconds is not None and verify_seconds < 0):
             raise ValueError("observe() needs batch_size >= 1 and non-negative timings")
         if drafted is None:
             drafted = [k if row.cap is None else min(k, row.cap) for row in rows]
@@ -575,7 +577,9 @@ class AdaptivePolicy(Policy):
         probing, self._probing = self._probing, False
         # A probe's drafting often begins by catching up on the plain steps' tokens: judge it at the steady cost.
         drafting = k * self.draft_cost(batch_size) if draft_seconds is None else draft_seconds
-        paid = probing and (len(rows) + sum(accepted)) / max(drafting + verify_seconds, 1e-12) > \
+        # None: a cold forward (a graph captured), judged and counted at the estimated cost, never learned
+        verify = self.verify_cost(k + 1, batch_size) if verify_seconds is None else verify_seconds
+        paid = probing and (len(rows) + sum(accepted)) / max(drafting + verify, 1e-12) > \
             len(rows) / self.verify_cost(1, batch_size)
         if paid:  # the text has changed since the evidence that stopped speculation: let the probe outweigh it
             scale_evidence([self.accepted, self.seen] + [c for r in rows for c in (r.accepted, r.seen)],
@@ -587,7 +591,7 @@ class AdaptivePolicy(Policy):
                 batch, step = self._settled_at
                 self._recheck = abs(self.verify_cost(1, batch) / step - 1) > RECHECK_DRIFT
                 self._settled = 0 if self._recheck else SETTLED_STEPS
-        self._plain_time = self._plain_time + verify_seconds if k == 0 else 0.0
+        self._plain_time = self._plain_time + verify if k == 0 else 0.0
         self._since_plain = 0 if k == 0 else self._since_plain + 1
         if paid:  # one row's probe is one noisy bit: confirm it at once
             self._plain_run = self._wait

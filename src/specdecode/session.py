@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .backends.base import caches_prefixes, max_rows, pad, tree_leaves, verifies_trees
+from .backends.base import caches_prefixes, cold_forwards, max_rows, pad, tree_leaves, verifies_trees
 from .row_grammars import RowGrammars, with_forced
 from .detokenize import IncrementalDetokenizer, find_stop
 from .drafters import DraftContext, ModelDrafter, Proposal
@@ -386,10 +386,12 @@ class DecodingSession:
         plan = self._plan()
         drafts = self._propose(plan)
         t1 = self._clock()
+        cold = cold_forwards(self.target)
         verified = self._verify(plan, drafts)
         t2 = self._clock()
         self._commit(plan, verified)
-        self._learn(plan, drafts, verified, t1 - t0, t2 - t1)
+        # a forward that captured a CUDA graph (or ran its shape's first sight eagerly) is no sample of its cost
+        self._learn(plan, drafts, verified, t1 - t0, t2 - t1 if cold_forwards(self.target) == cold else None)
         events = self._emit_all(plan, drafts, verified)
         self._count(drafts.widths, plan.forced, verified.accepted)
         self._drop_finished()
@@ -496,7 +498,8 @@ class DecodingSession:
             kept = [0 if f else a for f, a in zip(plan.forced, accepted)]
             self.drafter.update(emitted, kept, verified.hidden if self.hidden_wanted else None)
 
-    def _learn(self, plan: StepPlan, drafts: Drafts, verified: Verified, draft_s: float, verify_s: float) -> None:
+    def _learn(self, plan: StepPlan, drafts: Drafts, verified: Verified, draft_s: float,
+               verify_s: float | None) -> None:
         """Tell the policy what its rows did; a step widened by a row with a fixed K or a forced run taught it nothing
         it asked. A draft time that includes a backlog fed with the drafts (not clean) is no draft step's cost."""
         rows, widths, proposal = self.active, drafts.widths, drafts.proposal

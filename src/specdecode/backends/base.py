@@ -117,6 +117,13 @@ def max_rows(backend) -> int | None:
     return getattr(backend, "max_rows", None)
 
 
+def cold_forwards(backend) -> int:
+    """Forwards so far that ran far slower than their shape's steady cost: a CUDA-graph backend's first sight and
+    capture of a step shape (StaticBackend). A step whose forwards include one is timed, but its time is not a
+    sample of what that step costs (the policy does not learn from it). 0 for backends without such a warm-up."""
+    return getattr(backend, "cold_forwards", 0)
+
+
 def eos_token_ids(backend) -> set[int]:
     return set(getattr(backend, "eos_token_ids", ()))
 

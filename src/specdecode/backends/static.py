@@ -84,6 +84,7 @@ class StaticBackend:
         self._graphs: dict[tuple, _CapturedStep] = {}
         self._seen: set[tuple] = set()
         self._pool = None
+        self.cold_forwards = 0  # steps run eagerly on a shape's first sight, or captured on its second (base.py)
         self.reset(1)
 
     @property
@@ -189,6 +190,7 @@ class StaticBackend:
         """The graph of this step shape, captured the second time the shape is seen (one-offs stay eager)."""
         if key in self._graphs:
             return self._graphs[key]
+        self.cold_forwards += 1  # eager now (a first sight) or a capture: 10x a replay, not the shape's cost
         if key not in self._seen:
             self._seen.add(key)
             return None

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from ..backends.base import ModelBackend, caches_prefixes, pad
+from ..backends.base import ModelBackend, caches_prefixes, cold_forwards, pad
 from ..prefix_cache import PrefixCache, common_prefix
 from ..sampling import sample_with_uniforms
 from ..token_tree import padded
@@ -135,6 +135,7 @@ class ModelDrafter(Drafter):
             self.forward_calls += 1
             self._pending = [p[-1:] for p in self._pending]
             self.catch_up_s = time.perf_counter() - start
+        cold = cold_forwards(self.backend)
         self._fed = [n + len(p) for n, p in zip(self.backend.lengths, self._pending)]
         # Right padding: the new tokens sit right after each row's cached ones (exact for sliding windows too).
         ids, valid = pad(self._pending, self.backend.device, side="right")
@@ -156,7 +157,8 @@ class ModelDrafter(Drafter):
             tokens.append(token)
             ids, valid = token.unsqueeze(1), None
         self._proposed = k - siblings
-        clean = bool(self.catch_up_s) or self.catch_up <= 2
+        # not clean: a backlog fed with the drafts, or a draft step's graph captured (cold): no sample of its cost
+        clean = (bool(self.catch_up_s) or self.catch_up <= 2) and cold_forwards(self.backend) == cold
         if siblings:
             return self._tree_proposal(torch.stack(tokens, dim=1), first, siblings, num_drafts, clean)
         return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None,
