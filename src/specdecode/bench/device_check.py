@@ -115,7 +115,7 @@ class Plan:
                    context=128, repeats=7, target="1.5B", draft="0.5B", alphas=(0.6, 0.8, 0.9), fixed_k=4,
                    new_tokens=128, overhead_batches=(1, 4), llama_target="1.5B", llama_draft="0.5B",
                    llama_threads=min(16, os.cpu_count() or 1), llama_context=512,
-                   budgets={"environment": 20, "wheels": 20, "gpu_tests": 70, "costs": 110, "overhead": 90,
+                   budgets={"environment": 20, "wheels": 20, "gpu_tests": 70, "costs": 110, "overhead": 150,
                             "llamacpp": 100})
 
     @classmethod
@@ -484,7 +484,8 @@ def section_overhead(plan: Plan, deadline: Deadline) -> dict:
                              "speedup": measured, "predicted_speedup": predicted, "ratio": measured / predicted,
                              "acceptance": stats.accepted_tokens / max(1, stats.proposed_tokens),
                              "first_draft_acceptance": (stats.accepted_per_position[0] / stats.proposed_per_position[0]
-                                                        if stats.proposed_per_position else None),
+                                                        if stats.proposed_per_position
+                                                        and stats.proposed_per_position[0] else None),
                              "k_histogram": {str(a): b for a, b in stats.k_histogram.items()},
                              "same_as_plain": result.token_ids == record,
                              "off_record_tokens": drafters[-1].off_record, "c": c,

@@ -1,0 +1,44 @@
+"""auto after the cold-forward fix: plain vs auto vs fixed K at known acceptance, batch 1 and 4, interleaved."""
+import json, os, statistics, sys, time
+import torch
+from specdecode import AutoregressiveGenerator, SpeculativeGenerator
+from specdecode.bench.device_check import Plan, _static, _sync
+from specdecode.bench.random_models import SHAPES, build_qwen
+from specdecode.bench.replay_drafter import ReplayDrafter
+from specdecode.drafters.model import ModelDrafter
+
+dry = "--dry" in sys.argv
+plan = Plan.dry() if dry else Plan.full()
+out = os.environ.get("OUT", "/tmp/device-probe"); os.makedirs(out, exist_ok=True)
+device, dtype = torch.device(plan.device), getattr(torch, plan.dtype)
+target = build_qwen(plan.target, device, dtype, seed=0, copying=True)
+draft = build_qwen(plan.draft, device, dtype, seed=1, copying=True)
+vocab = SHAPES[plan.target][5]
+new = dict(max_new_tokens=plan.new_tokens, temperature=0.0, ignore_eos=True)
+report = {}
+for batch in ((1,) if dry else (1, 4)):
+    prompts = torch.randint(0, vocab, (batch, plan.context), generator=torch.Generator().manual_seed(3)).tolist()
+    tb, db = _static(target, plan, batch, plan.context + plan.new_tokens + 10), _static(draft, plan, batch, plan.context + plan.new_tokens + 10)
+    plain = AutoregressiveGenerator(tb)
+    rec = plain.generate(prompts, **new).token_ids
+    res = {}
+    for rep in range(4):
+        for name, k, alpha in (("plain", None, None), ("auto_a0.9", "auto", 0.9), ("k2_a0.9", 2, 0.9),
+                               ("auto_a0.8", "auto", 0.8), ("auto_a0.6", "auto", 0.6)):
+            if k is None:
+                fn = lambda: plain.generate(prompts, **new)
+            else:
+                g = SpeculativeGenerator(tb, ReplayDrafter(rec, alpha, vocab, seed=batch, model=ModelDrafter(db)),
+                                         num_speculative_tokens=k, max_speculative_tokens=8)
+                fn = lambda: g.generate(prompts, **new)
+            _sync(device); t = time.perf_counter(); r = fn(); _sync(device); s = time.perf_counter() - t
+            e = res.setdefault(name, {"ms": [], "same": True, "k_hist": []})
+            e["ms"].append(round(s * 1e3, 1)); e["same"] &= r.token_ids == rec
+            e["k_hist"].append(dict(r.stats.k_histogram))
+    base = statistics.median(res["plain"]["ms"][1:])
+    for name, e in res.items():
+        e["x_plain_median_reps_2_4"] = round(base / statistics.median(e["ms"][1:]), 3)
+    report[batch] = res
+    print(batch, json.dumps({n: (e["x_plain_median_reps_2_4"], e["ms"], e["same"], e["k_hist"][-1]) for n, e in res.items()}), flush=True)
+    del tb, db
+json.dump(report, open(f"{out}/probe_auto2.json", "w"), indent=1)
