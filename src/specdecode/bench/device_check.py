@@ -610,7 +610,7 @@ def run_section(name: str, plan: Plan, result_file: Path, seconds: float | None 
     result_file.write_text(json.dumps(result, indent=1, default=str))
 
 
-def run_check(out: Path, dry_run: bool, sections=SECTIONS, budget: float = 450.0) -> dict:
+def run_check(out: Path, dry_run: bool, sections=SECTIONS, budget: float = 480.0) -> dict:
     """Every section in turn, none past the total budget (seconds): a section that would start too late is
     recorded as skipped, and one that runs over its own budget is killed and recorded."""
     plan = Plan.dry() if dry_run else Plan.full()
@@ -740,7 +740,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="folder for device_check.json and device_check.md")
     ap.add_argument("--dry-run", action="store_true", help="every step on the CPU with tiny shapes")
     ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of " + ",".join(SECTIONS))
-    ap.add_argument("--budget", type=float, default=450.0, help="seconds for all sections together")
+    ap.add_argument("--budget", type=float, default=480.0, help="seconds for all sections together")
     ap.add_argument("--prepare", action="store_true", help="download and build the carried wheels")
     ap.add_argument("--wheels", default=str(WHEELS))
     ap.add_argument("--no-llama-build", action="store_true", help="--prepare without building llama-cpp-python")
