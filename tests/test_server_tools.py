@@ -441,6 +441,43 @@ def test_the_parser_keeps_text_and_cut_answers():
     assert not parser.calls[-1].complete and CALLS[:-20].endswith(parser.calls[-1].arguments)
 
 
+@pytest.mark.parametrize("pieces", [1, 5, 1000])
+def test_the_parser_reads_content_then_calls(pieces):
+    """Qwen2.5 often says what it is about to do, then calls: the text is message.content (without the newline
+    before the call, which the template writes back), the calls are tool_calls, streamed or whole alike."""
+    text = "I will check the time first." + "\n" + CALLS
+    parser, deltas = _parse(text, len(text) // pieces or 1)
+    assert parser.content == "I will check the time first."
+    assert "".join(d.get("content", "") for d in deltas) == parser.content
+    assert [c.name for c in parser.calls] == ["get_time", "get_weather"] and all(c.complete for c in parser.calls)
+    for text in ("abc\n<tool_call> not a call", "abc <tool_call"):  # what never becomes a call stays, newline too
+        parser, deltas = _parse(text, pieces)
+        assert parser.content == text and not parser.calls
+        assert "".join(d.get("content", "") for d in deltas) == text
+
+
+def test_auto_allows_text_then_calls_where_the_marker_is_a_token(tool_tokenizer, markers):
+    """Under "auto" the grammar allows text, calls, and (with `<tool_call>` a token of its own, as in Qwen2.5) text
+    and then calls; never text after calls, nor an unknown tool."""
+    from specdecode.constraints import ConstraintSpec, GrammarCompiler
+    from specdecode.tool_calls import markers as marker_terms
+    from specdecode.tool_calls import parse_tools, tool_grammar
+
+    eos = tool_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    grammar = tool_grammar(parse_tools(TOOLS), "auto", marks=marker_terms(tool_tokenizer))
+    compiled = GrammarCompiler(tool_tokenizer, len(tool_tokenizer), eos_token_ids=[eos]).compile(
+        ConstraintSpec.of(grammar=grammar))
+
+    def allowed(text):
+        ids = tool_tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
+        return compiled.matcher().advance(ids) == len(ids)
+
+    call = CALLS.split("\n<tool_call>")[0]
+    assert allowed(call) and allowed(CALLS) and allowed("no call needed")
+    assert allowed("Let me look.\n" + call) == (markers == "added")
+    assert not allowed(call + "\nand some text") and not allowed(call.replace("get_time", "get_tide"))
+
+
 # ------------------------------------------------------------------------------------------------ exactness
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [2, "auto"])

@@ -14,8 +14,11 @@ name once its first letters decide it, `", "arguments": {"city": "`) proposed as
 the tool's `parameters` JSON Schema, written with the separators of the template's `tojson` (", " and ": "), so a
 call in the history is rendered back exactly as the model wrote it.
 
-tool_choice "required" allows only calls; "auto" allows either free text that never contains `<tool_call>`, or
-calls; a named function allows one call of that function. parallel_tool_calls=False allows one call at most.
+tool_choice "required" allows only calls; "auto" allows free text that never contains `<tool_call>`, calls, or
+(where `<tool_call>` is a token of its own, as in Qwen2.5) text and then calls, as Qwen2.5 writes when it says what
+it is about to do: the text comes back as message.content beside message.tool_calls, as OpenAI's API and vLLM's
+Hermes parser return it. A named function allows one call of that function. parallel_tool_calls=False allows one
+call at most.
 """
 
 from __future__ import annotations
@@ -207,7 +210,8 @@ def tool_grammar(tools: list[Tool], choice: str, parallel: bool = True,
                  marks: tuple[str, str] = (json.dumps(OPEN), json.dumps(CLOSE))) -> str:
     """The Lark grammar (llguidance's dialect) of an answer under tool_choice `choice` ("auto", "required" or a
     tool's name): calls of the allowed tools, arguments valid under their schemas; with "auto" also free text
-    without `<tool_call>` in it. marks: the tokenizer's markers() (their text by default)."""
+    without `<tool_call>` in it, and (with token markers) such text followed by calls. marks: the tokenizer's
+    markers() (their text by default)."""
     allowed = [t for t in tools if t.name == choice] if choice not in ("auto", "required") else tools
     rules = []
     for i, tool in enumerate(allowed):
@@ -215,7 +219,10 @@ def tool_grammar(tools: list[Tool], choice: str, parallel: bool = True,
         rules.append(f"call_{i}: {marks[0]} {head} args_{i} {json.dumps(TAIL[:-len(CLOSE)])} {marks[1]}")
         rules.append(f"args_{i}: %json {json.dumps(_layout(tool.parameters))}")
     calls = "call" if not parallel or choice not in ("auto", "required") else f'call ({json.dumps(SEPARATOR)} call)*'
-    start = "start: TEXT | calls" if choice == "auto" else "start: calls"
+    start = "start: calls"
+    if choice == "auto":
+        # text then calls only where the marker is a token: as text, `<tool_call>` could not end a greedy TEXT
+        start = "start: TEXT | TEXT? calls" if marks[0].startswith("<[") else "start: TEXT | calls"
     return "\n".join([start, f"calls: {calls}", "call: " + " | ".join(f"call_{i}" for i in range(len(allowed))),
                       *rules, "TEXT: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/"])
 
@@ -243,14 +250,16 @@ class ToolCallParser:
     deltas to stream (OpenAI's shape), finish() the rest; whole answers go through the same two calls, so a
     streamed answer assembles to the whole one.
 
-    An answer that starts with `<tool_call>` is calls (the grammar then allows nothing else); any other answer is
-    content. Text that may still become a call's head or tail is held back until it is decided."""
+    An answer is content, calls, or content and then calls: content ends where `<tool_call>` begins (the newline
+    before it is the template's, not the content's, so a call in the history renders back as it was written), and
+    everything after is calls. Text that may still become a call's head or tail is held back until it is decided."""
 
     calls: list[ToolCall] = field(default_factory=list)
     content: str = ""
     _text: str = ""  # everything fed so far
     _done: int = 0  # characters of _text already turned into deltas
-    _mode: str = "undecided"  # "content" or "calls" once decided
+    _mode: str = "content"  # "calls" from the first `<tool_call>` on
+    _separator: str = ""  # the newline between the content and the first call, not the content's
 
     def feed(self, text: str) -> list[dict]:
         self._text += text
@@ -260,19 +269,22 @@ class ToolCallParser:
         return self._advance(final=True)
 
     def _advance(self, final: bool) -> list[dict]:
-        if self._mode == "undecided":
-            if self._text.startswith(OPEN):
-                self._mode = "calls"
-            elif final or not OPEN.startswith(self._text):
-                self._mode = "content"
-            else:
-                return []
-        if self._mode == "content":
-            delta = self._text[self._done:]
-            self._done = len(self._text)
-            self.content += delta
-            return [{"content": delta}] if delta else []
-        return self._calls(final)
+        if self._mode == "calls":
+            return self._calls(final)
+        rest = self._text[self._done:]
+        found = rest.find(OPEN)
+        if found < 0:  # content so far: all of it, but an end that may still become "\n<tool_call>"
+            end = len(rest) if final else len(rest) - max(_held(rest, SEPARATOR + OPEN), _held(rest, OPEN))
+        else:
+            end = found - (1 if rest[:found].endswith(SEPARATOR) else 0)
+        delta = rest[:end]
+        self._done += end
+        self.content += delta
+        deltas = [{"content": delta}] if delta else []
+        if found >= 0:
+            self._mode, self._separator, self._done = "calls", rest[end:found], self._done + (found - end)
+            deltas += self._calls(final)
+        return deltas
 
     def _calls(self, final: bool) -> list[dict]:
         deltas = []
@@ -307,8 +319,9 @@ class ToolCallParser:
             if end < 0:
                 break
         if final and self._done < len(self._text):  # an unfinished head (cut by max_tokens): content, not lost
-            self.content += self._text[self._done:]
-            deltas.append({"content": self._text[self._done:]})
+            rest = (self._separator if not self.calls else "") + self._text[self._done:]
+            self.content += rest
+            deltas.append({"content": rest})
             self._done = len(self._text)
         return deltas
 

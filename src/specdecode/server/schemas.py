@@ -294,7 +294,8 @@ class ChatCompletionRequest(_Sampling):
                           "finish_reason \"tool_calls\"; a grammar allows only calls of these tools with arguments "
                           "valid under their parameters schema.")
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = Field(
-        None, description='"auto" (the default with tools): text or calls; "required": calls only; {"type": '
+        None, description='"auto" (the default with tools): text, calls, or text then calls (content beside '
+                          'tool_calls); "required": calls only; {"type": '
                           '"function", "function": {"name": ...}}: one call of that function; "none": text, and the '
                           'tools are not shown to the model.')
     functions: Optional[list[Any]] = Field(None, max_length=0, description=_not_supported("[]"))
