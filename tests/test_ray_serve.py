@@ -222,3 +222,21 @@ def test_deploy_configs_are_valid_serve_configs_for_the_app_builder():
         app_builder({"target": "x", "max_batch_size": 0})
     with pytest.raises(OptionError, match="autoscale MIN,MAX needs 0 <= MIN <= MAX"):
         deployment_options(autoscale=(3, 1))
+
+
+def test_a_replica_names_the_draft_auto_resolved_to(tiny_model_dirs):
+    """--draft auto resolves in each replica (after its target loads): /v1/models and every response's speculative
+    block name the draft it chose, never "auto" (a tiny target: no draft model is known for it, so the suffix
+    drafter). Built in this process, without Ray: the replica is the class Ray Serve instantiates."""
+    from fastapi.testclient import TestClient
+
+    from specdecode.server.ray_serve import SpecdecodeReplica
+
+    opts = ModelOptions(target=tiny_model_dirs["target"], draft="auto", k="auto", draft_quantize="none", threads=1)
+    settings = ServerSettings(max_batch_size=2, max_tokens_limit=16, draft_name="auto")
+    replica = SpecdecodeReplica(replica_config(opts, settings, "tiny-target"))
+    with TestClient(replica._app) as http:
+        card = http.get("/v1/models").json()["data"][0]
+        assert card["draft"] == "suffix"
+        body = http.post("/v1/completions", json={"prompt": "def f(x):", "max_tokens": 4, "temperature": 0}).json()
+        assert body["speculative"]["draft_model"] == "suffix"

@@ -237,6 +237,14 @@ def load_pair(opts: ModelOptions, rows: int = 1, progress=None):
     return target, with_suffix(opts, model) if model is not None else load_draft(opts, rows, progress)
 
 
+def display_name(name: str) -> str:
+    """A path's last component ('/models/qwen-1.5b/' -> 'qwen-1.5b'); a built-in name or hub id as it is."""
+    expanded = os.path.expanduser(name)
+    if os.path.exists(expanded):
+        return os.path.basename(os.path.normpath(expanded)) or name
+    return name
+
+
 # ---------------------------------------------------------------------------------------------- --draft auto
 def auto_draft_model(opts: ModelOptions) -> str | None:
     """The draft model --draft auto considers: the default pair's draft for the default target, where it is

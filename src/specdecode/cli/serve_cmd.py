@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import List, Optional
 
 import typer
@@ -10,6 +9,7 @@ import typer
 from .app import app
 from .common import CLIError, load_pair, make_generator, user_errors
 from .options import AUTO, AUTO_DRAFT, ModelOptions, model_options
+from ..pair import display_name
 
 
 @app.command("serve")
@@ -77,7 +77,7 @@ def serve(
         settings = ServerSettings(max_batch_size=max_batch_size, max_queue=max_queue,
                                   max_tokens_limit=max_tokens_limit, request_timeout=request_timeout,
                                   api_key=api_key, served_model_names=tuple(served_model_name or ()),
-                                  draft_name=_display_name(opts.draft) if opts.has_draft else None,
+                                  draft_name=display_name(opts.draft) if opts.has_draft else None,
                                   prefill_tokens_per_step=prefill_tokens_per_step, static_batching=static_batching,
                                   prefix_cache_tokens=prefix_cache_tokens, prefix_cache_rows=prefix_cache_rows)
         if ray:
@@ -86,11 +86,11 @@ def serve(
             return
         target_model, draft_model = load_pair(opts, announce=True, rows=settings.model_rows)
         if opts.draft_choice is not None:  # --draft auto: the draft it chose is the one the server names
-            settings.draft_name = _display_name(opts.draft)
+            settings.draft_name = display_name(opts.draft)
         if target_model.tokenizer is None:
             raise CLIError(f"{opts.target} has no tokenizer: the server takes text and returns text")
         generator = make_generator(target_model, draft_model, opts.num_speculative_tokens, opts.method)
-        server_app = create_app(generator, _display_name(opts.target), target_model.tokenizer, settings)
+        server_app = create_app(generator, display_name(opts.target), target_model.tokenizer, settings)
     # Logs go through `logging`, one line per event; on SIGINT/SIGTERM uvicorn stops accepting, lets in-flight
     # requests finish for the settings' shutdown grace, the app's shutdown stops the engine worker, and run() logs
     # "server stopped".
@@ -117,14 +117,8 @@ def _serve_with_ray(opts: ModelOptions, settings, host: str, port: int, address:
     except ImportError:
         raise CLIError("--ray needs Ray Serve: pip install 'specdecode[ray]'") from None
     logging.config.dictConfig(log_config("info"))
-    config = replica_config(opts, settings, _display_name(opts.target))
+    config = replica_config(opts, settings, display_name(opts.target))
     serve_with_ray(config, options, host=host, port=port, address=address, num_cpus=num_cpus, settings=settings,
                    routing=routing)
 
 
-def _display_name(name: str) -> str:
-    """A path's last component ('/models/qwen-1.5b/' -> 'qwen-1.5b'); a built-in name or hub id as it is."""
-    expanded = os.path.expanduser(name)
-    if os.path.exists(expanded):
-        return os.path.basename(os.path.normpath(expanded)) or name
-    return name

@@ -46,7 +46,7 @@ class SpecdecodeReplica:
     def __init__(self, config: dict):
         import torch
 
-        from ..pair import ModelOptions, load_pair, make_generator
+        from ..pair import ModelOptions, display_name, load_pair, make_generator
         from .app import create_app
         from .settings import ServerSettings
 
@@ -55,6 +55,8 @@ class SpecdecodeReplica:
             torch.set_num_threads(opts.threads)
         settings = ServerSettings(**config["settings"])
         target, draft = load_pair(opts, rows=settings.model_rows)
+        if opts.draft_choice is not None:  # --draft auto: each replica names the draft it resolved to, not "auto"
+            settings = dataclasses.replace(settings, draft_name=display_name(opts.draft) if opts.has_draft else None)
         if target.tokenizer is None:
             raise ValueError(f"{opts.target} has no tokenizer: the server takes text and returns text")
         generator = make_generator(target, draft, opts.num_speculative_tokens, opts.method)
