@@ -36,6 +36,10 @@ def serve(
                                             "prompt); exact: the same output as a cold prefill (0: off)."),
     prefix_cache_rows: int = typer.Option(4, "--prefix-cache-rows", help="llama.cpp: sequences beside "
                                           "--max-batch-size that hold cached prefixes (each a KV stream of n_ctx)."),
+    escaped_copies: bool = typer.Option(True, "--escaped-copies/--no-escaped-copies", help="Requests whose answer "
+                                        "is JSON (tools, a json response_format): the suffix draft's history takes "
+                                        "the tool and user messages' texts as JSON escapes them, so a call that "
+                                        "writes a file it read copies it (exact: drafts only)."),
     max_tokens_limit: int = typer.Option(2048, "--max-tokens-limit", help="Largest max_tokens a request may ask."),
     request_timeout: float = typer.Option(120.0, "--request-timeout", help="Seconds a request may take, queue "
                                           "included, before it is cancelled and answered 504."),
@@ -79,7 +83,8 @@ def serve(
                                   api_key=api_key, served_model_names=tuple(served_model_name or ()),
                                   draft_name=display_name(opts.draft) if opts.has_draft else None,
                                   prefill_tokens_per_step=prefill_tokens_per_step, static_batching=static_batching,
-                                  prefix_cache_tokens=prefix_cache_tokens, prefix_cache_rows=prefix_cache_rows)
+                                  prefix_cache_tokens=prefix_cache_tokens, prefix_cache_rows=prefix_cache_rows,
+                                  escaped_copies=escaped_copies)
         if ray:
             _serve_with_ray(opts, settings, host, port, ray_address, ray_num_cpus, replicas, autoscale,
                             routing or "affinity")

@@ -90,6 +90,12 @@ class SuffixDrafter(Drafter):
     def _next_key(self):
         return self._pending.popleft() if self._pending else self.key
 
+    @property
+    def next_key(self):
+        """The key the next row to join takes (queue_keys' first, else key): documents meant for that row go
+        there."""
+        return self._pending[0] if self._pending else self.key
+
     # ------------------------------------------------------------------ rows
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None, hidden=None) -> None:
         rows = input_ids.tolist()

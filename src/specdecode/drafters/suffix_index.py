@@ -392,17 +392,27 @@ class SuffixHistory:
     def nbytes(self) -> int:
         return sum(log.nbytes for log in self._logs.values())
 
-    def add(self, tokens, key=None) -> None:
-        """Remember a finished prompt + output under key; the least recently used documents make room."""
+    def add(self, tokens, key=None) -> int | None:
+        """Remember a finished prompt + output under key; the least recently used documents make room. The new
+        document's id (None when nothing was added: no tokens, or no history)."""
         tokens = list(tokens)[-self.max_tokens:] if self.max_tokens else []
         if not tokens:
-            return
+            return None
         with self._lock:
             doc_id, self._next_id = self._next_id, self._next_id + 1
             self._logs.setdefault(key, TokenLog()).add(tokens, doc_id)
             self._docs[doc_id] = (key, len(tokens))
             self.tokens += len(tokens)
             self._evict()
+            return doc_id
+
+    def touch(self, doc_id) -> bool:
+        """Whether the document is still held; if so it becomes the most recently used (it was seen again)."""
+        with self._lock:
+            if doc_id not in self._docs:
+                return False
+            self._docs.move_to_end(doc_id)
+            return True
 
     def _evict(self) -> None:
         while self.tokens > self.max_tokens:

@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response, StreamingResponse
 
+from ..drafters.escaped_copies import EscapedCopies
 from ..tool_calls import template_supports_tools
 from .batcher import Batcher
 from .errors import ERROR_RESPONSES, APIError, install_error_handlers
@@ -69,7 +70,9 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
     metrics = ServerMetrics()
     batcher = Batcher(generator, max_batch_size=settings.max_batch_size, max_queue=settings.max_queue,
                       prefill_tokens_per_step=settings.prefill_tokens_per_step, metrics=metrics,
-                      join_running=not settings.static_batching)
+                      join_running=not settings.static_batching,
+                      copies=EscapedCopies(getattr(generator, "drafter", None), tokenizer)
+                      if settings.escaped_copies else None)
     metrics.queue_depth.set_function(lambda: batcher.queue_depth)
     metrics.running.set_function(lambda: batcher.running)
     metrics.running_rows.set_function(lambda: batcher.running_rows)

@@ -120,6 +120,7 @@ class Job:
     json_object: bool = False  # ...or is any JSON object
     grammar: str | None = None  # ...or follows this Lark grammar (a request's tool calls)
     logprobs: int | None = None  # None: off; N: each token's logprob and the N likeliest alternatives
+    copy_texts: list[str] = field(default_factory=list)  # escaped texts the suffix history takes before it joins
     streaming: bool = False  # its tokens go to the client as they come (so a job that has sent some cannot rerun)
     engine_requests: list | None = None  # one engine Request per row, built once by prepare()
     loop: asyncio.AbstractEventLoop | None = None
@@ -177,7 +178,8 @@ class Batcher:
     that continuous batching replaces, kept to measure one against the other."""
 
     def __init__(self, generator, *, max_batch_size: int = 8, max_queue: int = 64,
-                 prefill_tokens_per_step: int | None = 256, metrics=None, join_running: bool = True):
+                 prefill_tokens_per_step: int | None = 256, metrics=None, join_running: bool = True,
+                 copies=None):
         if max_batch_size < 1 or max_queue < 1:
             raise ValueError("max_batch_size and max_queue must be >= 1")
         if prefill_tokens_per_step is not None and prefill_tokens_per_step < 1:
@@ -188,6 +190,7 @@ class Batcher:
         self.prefill_tokens_per_step = prefill_tokens_per_step
         self.metrics = metrics
         self.join_running = join_running
+        self.copies = copies  # an EscapedCopies: jobs' copy_texts go to the suffix history before they join
         self.session = None
         self._cond = threading.Condition()
         self._pending: collections.deque[Job] = collections.deque()
@@ -342,6 +345,8 @@ class Batcher:
         except ValueError as exc:  # the app prepares jobs before queueing them: only direct users end here
             self._finish(job, Failed(exc))
             return
+        if self.copies is not None and job.copy_texts:  # before the rows join: their marks include them
+            self.copies.add(job.copy_texts)
         job.rows = [session.add(r) for r in requests]
         job.open_rows = len(job.rows)
         for i, row in enumerate(job.rows):

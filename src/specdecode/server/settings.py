@@ -34,6 +34,7 @@ class ServerSettings:
     retry_after_s: int = 1
     prefix_cache_tokens: int = 65536  # KV of finished requests kept for prompts that start the same (0: off)
     prefix_cache_rows: int = 4  # llama.cpp: spare sequences that hold cached prefixes, beside max_batch_size
+    escaped_copies: bool = True  # JSON answers: the suffix history takes the messages' texts JSON-escaped
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_queue", "max_tokens_limit", "max_prompt_chars", "default_predict_tokens"):

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from ..chat import ChatTemplateError, NoChatTemplateError, encode_chat
+from ..drafters.escaped_copies import escaped_texts
 from ..speculation import Speculation
 from ..tool_calls import (ToolError, check_tool_messages, markers, parse_tool_choice, parse_tools, rendered_call,
                           template_supports_tools, tool_grammar)
@@ -60,6 +61,9 @@ def translate(body, kind: Kind, served: ServedModel, settings: ServerSettings) -
     logprobs = _logprobs(body, kind)
     job = Job(prompts=prompts, max_tokens=[max_tokens] * len(prompts), n=n, logprobs=logprobs,
               **(_response_format(body) if tools is None else {"grammar": tools.grammar}), **sampling)
+    if kind == "chat" and settings.escaped_copies and (tools is not None or job.json_schema is not None
+                                                       or job.json_object):
+        job.copy_texts = escaped_texts((m.role, m.text()) for m in body.messages)  # JSON copies what they say
     options = getattr(body, "stream_options", None)
     extension = getattr(body, "specdecode", None)
     return Generation(kind, model, job, stream=bool(getattr(body, "stream", False)),
