@@ -213,3 +213,17 @@ def test_uniforms_decide_like_a_generator_would():
     assert keep[0].tolist() == [1] and keep[1].tolist() == [2]
     reject = verify_leviathan(drafts, q, p, torch.tensor([[0.51, 0.3]], dtype=torch.float64))
     assert reject[0].tolist() == [0] and reject[1].tolist() == [1]  # the residual is all on token 1
+
+
+def test_greedy_acceptance_on_lists_is_the_tensor_rule():
+    """The llama.cpp greedy fast path accepts on host lists (accept_greedy_lists): the same counts and next tokens as
+    accept_greedy on tensors, rows of different widths included (a row's drafts past its width are ignored)."""
+    gen = torch.Generator().manual_seed(0)
+    for k in range(4):
+        drafts = torch.randint(0, 3, (6, k), generator=gen)
+        target = torch.randint(0, 3, (6, k + 1), generator=gen)
+        target[0, :k] = drafts[0]  # a row that keeps every draft
+        widths = torch.randint(0, k + 1, (6,), generator=gen).tolist()
+        accepted, tokens = rejection.accept_greedy(drafts, target, widths)
+        assert rejection.accept_greedy_lists(drafts.tolist(), target.tolist(), widths) == \
+            (accepted.tolist(), tokens.tolist())

@@ -58,6 +58,26 @@ def test_greedy_is_argmax_and_has_no_division():
         warp_logits(logits, SamplingParams(0.0))
 
 
+
+def test_greedy_takes_the_same_index_as_torch_argmax():
+    """greedy() reads the argmax through numpy on the CPU: the same index as torch.argmax, ties to the first maximum,
+    a NaN counted as the maximum, rows of -inf (a grammar forbidding all), float64 scores, strided views, 1-d rows."""
+    nan, inf = float("nan"), float("inf")
+    torch.manual_seed(0)
+    wide = torch.randn(2, 5, 1000)
+    wide[0, 1, 7] = wide[0, 1, 900] = wide[0, 1].max() + 1  # a tie far apart
+    cases = [torch.tensor([[1.0, 3.0, 3.0, 2.0], [-inf, -inf, -inf, -inf], [1.0, nan, 5.0, nan], [inf, nan, 0, 0],
+                           [-0.0, 0.0, -1.0, -2.0]]),
+             wide, wide[:, 1:4], wide.transpose(1, 2), wide.double() + torch.rand(2, 5, 1000, dtype=torch.float64),
+             wide[0, 1], torch.tensor([[2, 7, 7]], dtype=torch.int64), wide.half()]
+    for case in cases:
+        out = greedy(case)
+        assert out.dtype == torch.long and out.shape == case.shape[:-1]
+        assert out.tolist() == torch.argmax(case, dim=-1).tolist()
+    out = greedy(wide)
+    out[0, 0] = -1  # a tensor of its own, not a view of the scores
+    assert torch.argmax(wide, dim=-1)[0, 0] != -1
+
 @pytest.mark.parametrize("kwargs, field", [
     ({"temperature": -0.1}, "temperature"), ({"temperature": math.nan}, "temperature"),
     ({"temperature": math.inf}, "temperature"), ({"top_k": -1}, "top_k"), ({"top_k": 1.5}, "top_k"),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import sample_with_uniforms
+from .sampling import greedy, sample_with_uniforms
 
 METHODS = ("leviathan", "chen")
 
@@ -115,13 +115,34 @@ def verify_chen(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Ten
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
                   num_drafts=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy: keep drafts while they equal the target's argmax, then take the target's argmax."""
+    return accept_greedy(draft_tokens, greedy(target_logits), num_drafts)
+
+
+def accept_greedy(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,
+                  num_drafts=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """verify_greedy given the target's argmax [B, K+1] at each position instead of its logits."""
     batch, k = draft_tokens.shape
-    target_tokens = torch.argmax(target_logits, dim=-1)  # [B, K+1]
-    proposed = _num_drafts(num_drafts, batch, k, target_logits.device)
+    if k == 0:  # plain decoding: nothing to check
+        return torch.zeros(batch, dtype=torch.long, device=target_tokens.device), target_tokens[:, 0]
+    proposed = _num_drafts(num_drafts, batch, k, target_tokens.device)
     matches = (draft_tokens == target_tokens[:, :k]) & (torch.arange(k, device=proposed.device) < proposed[:, None])
     num_accepted = matches.long().cumprod(dim=1).sum(dim=1)
     next_token = target_tokens.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
     return num_accepted, next_token
+
+
+def accept_greedy_lists(drafts: list[list[int]], target_tokens: list[list[int]],
+                        num_drafts: list[int]) -> tuple[list[int], list[int]]:
+    """accept_greedy on host lists (a step that has the target's argmax as lists already, no tensor op on its path):
+    row b keeps its first drafts while they equal target_tokens[b], then takes the target's token after them."""
+    accepted, next_tokens = [], []
+    for row, target, n in zip(drafts, target_tokens, num_drafts):
+        a = 0
+        while a < n and row[a] == target[a]:
+            a += 1
+        accepted.append(a)
+        next_tokens.append(target[a])
+    return accepted, next_tokens
 
 
 def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor, randomness,

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .backends.base import caches_prefixes, cold_forwards, max_rows, pad, tree_leaves, verifies_trees
+from .backends.base import argmax_forward, caches_prefixes, cold_forwards, max_rows, pad, tree_leaves, verifies_trees
 from .row_grammars import RowGrammars, with_forced
 from .detokenize import IncrementalDetokenizer, find_stop
 from .drafters import DraftContext, ModelDrafter, Proposal
 from .policy import Outcome, Outlook
+from .rejection import accept_greedy_lists
 from .results import GenerationResult, RowStats, Stats, TokenEvent
 from .sampling import BatchSampling, RowGenerators
 from .verification import Verified, token_logprobs, verify_rows, verify_tree_rows
@@ -466,9 +467,15 @@ class DecodingSession:
         """One target forward over each row's last token and its drafts, and the exact rule per row: the one place
         where a chain and a token tree differ (a tree's outcome is read back as a chain's, Verified.of_tree)."""
         last = torch.tensor([[r.tokens[-1]] for r in self.active], dtype=torch.long, device=self.device)
-        ids, sampling = torch.cat([last, drafts.tokens], dim=1), self.sampling
+        ids, sampling = torch.cat([last, drafts.tokens], dim=1) if drafts.tokens.shape[1] else last, self.sampling
         if drafts.parents is None:
             lengths = self.target.lengths
+            argmax = argmax_forward(self.target) if self._argmax_only(drafts) else None
+            if argmax is not None:  # greedy rows that need no distribution: the backend hands over argmaxes only
+                tokens = drafts.tokens.tolist()
+                accepted, next_tokens = accept_greedy_lists(tokens, argmax(ids).tolist(), drafts.widths)
+                return Verified(tokens, accepted, next_tokens, None,
+                                kept_lengths=[n + 1 + a for n, a in zip(lengths, accepted)])
             logits, hidden = _forward(self.target, ids, None, self.hidden_wanted)
             scores = sampling.scores(logits, drafts.masks)
             num_accepted, next_token = verify_rows(drafts.tokens, drafts.q, scores, sampling, plan.u_verify,
@@ -483,6 +490,12 @@ class DecodingSession:
                                               plan.noise)
         return Verified.of_tree(tokens, drafts.parents, drafts.widths, paths, next_tokens, scores,
                                 any(r.request.logprobs is not None for r in self.active))
+
+    def _argmax_only(self, drafts: Drafts) -> bool:
+        """Whether the step's verification reads nothing of the target but its argmax at each position: greedy
+        rows, no grammar, no log-probabilities asked, no hidden states for the drafter."""
+        return self.sampling.all_greedy and drafts.masks is None and not self.hidden_wanted and \
+            all(r.request.logprobs is None for r in self.active)
 
     def _commit(self, plan: StepPlan, verified: Verified) -> None:
         """The target's cache, the random streams, the grammars and the drafter keep what was verified."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .rejection import one_hot_residual
-from .sampling import sample_with_uniforms
+from .sampling import greedy, sample_with_uniforms
 
 
 def chain(k: int) -> list[int]:
@@ -78,7 +78,7 @@ def is_chain(parents: list[int]) -> bool:
 def verify_tree_greedy(tokens: list[int], parents: list[int], scores: torch.Tensor) -> tuple[list[int], int]:
     """(path, next_token): the nodes kept (root to leaf) while each node's argmax is one of its children, then the
     argmax where the walk stops. scores [N + 1, V] (noise already added for coupled rows)."""
-    best = torch.argmax(scores[: len(tokens) + 1], dim=-1).tolist()
+    best = greedy(scores[: len(tokens) + 1]).tolist()
     kids = children(parents)
     path: list[int] = []
     at = 0  # tree position: 0 the root, i + 1 node i

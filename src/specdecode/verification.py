@@ -20,7 +20,8 @@ class Verified:
     drafts: list[list[int]]
     accepted: list[int]
     next_tokens: list[int]
-    scores: torch.Tensor  # [B, K+1, V]: what each position's token was drawn from (for logprobs)
+    scores: torch.Tensor | None  # [B, K+1, V]: what each position's token was drawn from (for logprobs); None:
+    # a greedy step that asked the target for its argmaxes only (no row wanted logprobs)
     paths: list[list[int]] | None = None  # a tree step's kept nodes per row (drafts then lists their tokens)
     leaves: list[bool] | None = None  # a tree step: whether the row's path ended at a leaf (its last token a bonus)
     hidden: torch.Tensor | None = None  # [B, K+1, H] the target's last hidden states (a drafter that reads them)

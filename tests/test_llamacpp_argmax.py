@@ -1,0 +1,101 @@
+"""The llama.cpp backend's greedy fast path: a greedy step that needs no distribution asks llama.cpp for the argmax of
+each position (forward_argmax, read off its output buffer) instead of its logits. It must give exactly what the
+logits give: the same tokens from the backend, the same output from the engine; logprobs and samples still go through
+the logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("llama_cpp")
+
+from test_registry import write_tiny_gguf  # noqa: E402
+
+from specdecode import PromptLookupDrafter, SpeculativeGenerator  # noqa: E402
+from specdecode import session as session_module  # noqa: E402
+from specdecode.backends.llamacpp import LlamaCppBackend  # noqa: E402
+from specdecode.engine import AutoregressiveGenerator  # noqa: E402
+from specdecode.sampling import greedy  # noqa: E402
+
+PROMPTS = [[5, 77, 140, 9], [200, 3, 3, 41], [17, 18, 19, 20]]
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.mark.parametrize("options", [{}, {"max_tokens_per_forward": 3}])
+def test_forward_argmax_is_the_argmax_of_forward(tiny_gguf, options):
+    """Three rows, 5 new tokens each (the exact mode cuts them into forwards of 3, a row at a time), on a vocabulary
+    narrower than the model's: the same tokens and the same cache lengths as greedy(forward(...))."""
+    backend = LlamaCppBackend(tiny_gguf, n_ctx=64, n_threads=1, max_rows=3, **options)
+    backend.vocab_size = backend.n_vocab - 40  # a shared vocabulary narrower than the model's
+    backend.reset(3)
+    backend.forward(torch.tensor(PROMPTS), last_only=True)
+    start = backend.lengths
+    new = torch.randint(0, backend.vocab_size, (3, 5), generator=torch.Generator().manual_seed(0))
+    logits = backend.forward(new)
+    after = backend.lengths
+    backend.trim(start)
+    tokens = backend.forward_argmax(new)
+    assert tokens.dtype == torch.long and tokens.shape == (3, 5)
+    assert tokens.tolist() == greedy(logits).tolist()
+    assert backend.lengths == after
+    assert int(tokens.max()) < backend.vocab_size
+
+
+def _count_argmax_calls(backend, monkeypatch) -> list[int]:
+    calls = []
+    own = backend.forward_argmax
+
+    def counted(input_ids):
+        calls.append(input_ids.shape[1])
+        return own(input_ids)
+
+    monkeypatch.setattr(backend, "forward_argmax", counted)
+    return calls
+
+
+def _without_fast_path(monkeypatch):
+    monkeypatch.setattr(session_module, "argmax_forward", lambda backend: None)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_greedy_output_is_the_same_with_and_without_the_fast_path(tiny_gguf, monkeypatch, k):
+    target = LlamaCppBackend(tiny_gguf, n_ctx=64, n_threads=1, max_rows=3)
+    generator = AutoregressiveGenerator(target) if k == 0 else SpeculativeGenerator(
+        target, PromptLookupDrafter(), num_speculative_tokens=k)
+    calls = _count_argmax_calls(target, monkeypatch)
+    fast = generator.generate(PROMPTS, max_new_tokens=24, temperature=0.0, ignore_eos=True)
+    assert calls and len(calls) == fast.stats.target_forward_calls - 1  # every step but the prefill took it
+    if k:
+        assert max(calls) > 1  # it verified drafts too
+    with monkeypatch.context() as m:
+        _without_fast_path(m)
+        slow = generator.generate(PROMPTS, max_new_tokens=24, temperature=0.0, ignore_eos=True)
+    assert fast.token_ids == slow.token_ids
+    assert fast.stats.accepted_tokens == slow.stats.accepted_tokens
+
+
+def test_logprobs_and_samples_still_read_the_logits(tiny_gguf, monkeypatch):
+    target = LlamaCppBackend(tiny_gguf, n_ctx=64, n_threads=1, max_rows=3)
+    generator = AutoregressiveGenerator(target)
+    calls = _count_argmax_calls(target, monkeypatch)
+    with_logprobs = generator.generate(PROMPTS[:1], max_new_tokens=8, temperature=0.0, ignore_eos=True,
+                                       return_logprobs=2)
+    sampled = generator.generate(PROMPTS[:1], max_new_tokens=8, temperature=1.0, seed=3, ignore_eos=True)
+    assert calls == []
+    plain = generator.generate(PROMPTS[:1], max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    assert with_logprobs.token_ids == plain.token_ids
+    # the logprobs are the target's own: log-softmax of its logits at each emitted position
+    target.reset(1)
+    logits = target.forward(torch.tensor([PROMPTS[0] + plain.token_ids[0][:-1]]))[0, len(PROMPTS[0]) - 1:]
+    expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(plain.token_ids[0])[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(with_logprobs.logprobs[0]), expected, atol=1e-5)
+    assert len(with_logprobs.top_logprobs[0][0]) == 2
+    with monkeypatch.context() as m:
+        _without_fast_path(m)
+        again = generator.generate(PROMPTS[:1], max_new_tokens=8, temperature=1.0, seed=3, ignore_eos=True)
+    assert sampled.token_ids == again.token_ids
