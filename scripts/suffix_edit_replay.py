@@ -12,7 +12,7 @@ The policy is policy.AdaptivePolicy as a server drives it: one policy for the se
 keeps the generator's), asked before every step of the speculative sends, turn 1 then turn 2 of each prompt in the
 workload's order, with what the session tells it (the cap the drafter offers, its draft class, drafts priced at
 --draft-cost target steps each) and taught the drafts each step kept and a forward's time synthesized as v(K + 1)
-target steps (no clock noise). The plain sends teach it nothing (their K is fixed at 0). Turn 1's positions are
+target steps (no clock noise; --noise adds some). The plain sends teach it nothing (their K is fixed at 0). Turn 1's positions are
 replayed the same way (the history then holds only the earlier prompts' turns).
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 from collections import defaultdict
 
@@ -122,9 +123,10 @@ def best_class_rule(runs, v):
     return ks, rule(ks)
 
 
-def policy_send(policy: AdaptivePolicy, positions, v, draft_cost: float) -> tuple[float, dict]:
+def policy_send(policy: AdaptivePolicy, positions, v, draft_cost: float, noise=None) -> tuple[float, dict]:
     """One speculative send under the policy, as the session asks it (DecodingSession._choose_k, _learn): plain
-    decoding's cost over its cost, and its counts (steps, drafts offered and kept, K chosen)."""
+    decoding's cost over its cost, and its counts (steps, drafts offered and kept, K chosen). noise: a function
+    returning the factor each forward's timing is read with (the cost counted stays v(K + 1))."""
     row = policy.new_row()
     i = cost = 0
     counts = {"steps": 0, "drafted": 0, "kept": 0, "k": defaultdict(int)}
@@ -136,7 +138,8 @@ def policy_send(policy: AdaptivePolicy, positions, v, draft_cost: float) -> tupl
             outlook = Outlook([row], [cap], free=False, classes=[match_class(match)])
             k = min(policy.decide(outlook).k, cap)
         kept = min(k, right)
-        policy.learn(Outcome([row], k, [kept], [k], 1, draft_cost * k * STEP_S, v[k] * STEP_S))
+        timed = v[k] * STEP_S * (noise() if noise else 1.0)
+        policy.learn(Outcome([row], k, [kept], [k], 1, draft_cost * k * STEP_S, timed))
         cost += draft_cost * k + v[k]
         counts["steps"] += 1
         counts["drafted"] += k
@@ -146,14 +149,14 @@ def policy_send(policy: AdaptivePolicy, positions, v, draft_cost: float) -> tupl
     return len(positions) / cost, counts
 
 
-def policy_turns(runs, v, draft_cost: float, make=AdaptivePolicy) -> tuple[list[float], dict]:
+def policy_turns(runs, v, draft_cost: float, make=AdaptivePolicy, noise=None) -> tuple[list[float], dict]:
     """One policy for the server's life, over the speculative sends in the workload's order: turn 2's ratios and
     counts (turn 1 teaches it, as it does on a server)."""
     policy = make(KMAX)
     ratios, total = [], {"steps": 0, "drafted": 0, "kept": 0, "k": defaultdict(int)}
     for turn1, turn2 in runs:
-        policy_send(policy, turn1, v, draft_cost)
-        ratio, counts = policy_send(policy, turn2, v, draft_cost)
+        policy_send(policy, turn1, v, draft_cost, noise)
+        ratio, counts = policy_send(policy, turn2, v, draft_cost, noise)
         ratios.append(ratio)
         for key in ("steps", "drafted", "kept"):
             total[key] += counts[key]
@@ -168,6 +171,9 @@ def main() -> None:
     parser.add_argument("--v", default=MEASURED_V, help="v(n) for n = 1..9, comma-separated")
     parser.add_argument("--draft-cost", type=float, default=0.0,
                         help="a suffix draft step's cost in target steps, for the policy (default 0: free)")
+    parser.add_argument("--noise", type=float, default=0.0,
+                        help="the policy reads each forward's time times a log-normal factor of this sigma, and 5 %% "
+                             "of them doubled (a busy machine's stalls); seeded. Default 0: exact")
     args = parser.parse_args()
     v = [float(x) for x in args.v.split(",")]
     _, tokenizer_dir = prepare_gguf("qwen2.5-coder-1.5b-instruct")
@@ -192,7 +198,10 @@ def main() -> None:
     ratios = [cost_ratio(p, v, rule) for p in runs]
     print(f"{'K by class, hindsight':22s} median {statistics.median(ratios):.2f}x plain  " +
           " ".join(f"{r:.2f}" for r in ratios) + f"  (K per class: {ks})")
-    ratios, counts = policy_turns(both, v, args.draft_cost)
+    rng = random.Random(0)
+    noise = (lambda: rng.lognormvariate(0.0, args.noise) * (2.0 if rng.random() < 0.05 else 1.0)) \
+        if args.noise else None
+    ratios, counts = policy_turns(both, v, args.draft_cost, noise=noise)
     print(f"{'policy (auto)':22s} median {statistics.median(ratios):.2f}x plain  " + " ".join(f"{r:.2f}" for r in ratios))
     ratios = [oracle_ratio(p, v) for p in runs]
     print(f"{'oracle':22s} median {statistics.median(ratios):.2f}x plain  " + " ".join(f"{r:.2f}" for r in ratios))
