@@ -12,8 +12,8 @@ The policy is policy.AdaptivePolicy as a server drives it: one policy for the se
 keeps the generator's), asked before every step of the speculative sends, turn 1 then turn 2 of each prompt in the
 workload's order, with what the session tells it (the cap the drafter offers, its draft class, drafts priced at
 --draft-cost target steps each) and taught the drafts each step kept and a forward's time synthesized as v(K + 1)
-target steps (no clock noise; --noise adds some). The plain sends teach it nothing (their K is fixed at 0). Turn 1's positions are
-replayed the same way (the history then holds only the earlier prompts' turns).
+target steps (no clock noise; --noise adds some). The plain sends teach it nothing (their K is fixed at 0). Turn 1's
+positions are replayed the same way (the history then holds only the earlier prompts' turns).
 """
 
 from __future__ import annotations
@@ -202,7 +202,8 @@ def main() -> None:
     noise = (lambda: rng.lognormvariate(0.0, args.noise) * (2.0 if rng.random() < 0.05 else 1.0)) \
         if args.noise else None
     ratios, counts = policy_turns(both, v, args.draft_cost, noise=noise)
-    print(f"{'policy (auto)':22s} median {statistics.median(ratios):.2f}x plain  " + " ".join(f"{r:.2f}" for r in ratios))
+    print(f"{'policy (auto)':22s} median {statistics.median(ratios):.2f}x plain  " +
+          " ".join(f"{r:.2f}" for r in ratios))
     ratios = [oracle_ratio(p, v) for p in runs]
     print(f"{'oracle':22s} median {statistics.median(ratios):.2f}x plain  " + " ".join(f"{r:.2f}" for r in ratios))
     histogram = ", ".join(f"{k}: {n}" for k, n in sorted(counts["k"].items()))

@@ -10,8 +10,8 @@ from pathlib import Path
 from specdecode.drafters.base import match_class
 from specdecode.policy import AdaptivePolicy, Outcome, Outlook
 
-# The default target on this project's 2-core CPU: a forward of K + 1 tokens costs V[K] single-token steps (BENCHMARKS.md,
-# "Token trees"); a forward of 8 tokens jumps to 6.30.
+# The default target on this project's 2-core CPU: a forward of K + 1 tokens costs V[K] single-token steps
+# (BENCHMARKS.md, "Token trees"); a forward of 8 tokens jumps to 6.30.
 V = [1.0, 1.61, 2.18, 2.70, 3.35, 4.02, 4.56, 6.30, 7.0]
 STEP_S = 0.0372
 LONG, SHORT = match_class(20), match_class(1)
