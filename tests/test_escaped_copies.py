@@ -146,7 +146,8 @@ class ScriptBackend(LookupBackend):
 def script_server(tool_tokenizer, drafter, escaped_copies: bool = True) -> LiveServer:
     target = ScriptBackend(tool_tokenizer, ANSWER)
     generator = SpeculativeGenerator(target, drafter, num_speculative_tokens=6, tokenizer=tool_tokenizer)
-    app = create_app(generator, MODEL, tool_tokenizer, ServerSettings(max_tokens_limit=600, escaped_copies=escaped_copies))
+    settings = ServerSettings(max_tokens_limit=600, escaped_copies=escaped_copies)
+    app = create_app(generator, MODEL, tool_tokenizer, settings)
     return LiveServer(app).start()
 
 
