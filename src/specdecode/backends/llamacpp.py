@@ -189,10 +189,14 @@ class LlamaCppBackend:
         if output_hidden:
             lib.llama_set_embeddings(shared.ctx, True)
         try:
-            for part in self._chunks(rows, pos, last_only):
+            parts = self._chunks(rows, pos, last_only)
+            for part in parts:
                 shared.decode(tokens[part], pos[part], seq[part], outputs[part])
-                for b, n in enumerate(np.bincount(rows[part], minlength=rows_n).tolist()):
-                    self._lengths[b] += n
+                if valid is None and len(parts) == 1:  # every row took its width
+                    self._lengths = [n + width for n in self._lengths]
+                else:
+                    for b, n in enumerate(np.bincount(rows[part], minlength=rows_n).tolist()):
+                        self._lengths[b] += n
                 where = dest[part][outputs[part]]
                 if len(where):
                     take(where, shared.outputs(lib.llama_get_logits, len(where), self.n_vocab))
@@ -360,7 +364,9 @@ class LlamaCppBackend:
     # ------------------------------------------------------------------ helpers
     def _layout(self, input_ids: torch.Tensor, valid: torch.Tensor | None, last_only: bool):
         """The real tokens in row-major order: (row, token, position, wants logits, index into the flat output)."""
-        ids = input_ids.detach().to("cpu", torch.int32).numpy()
+        # token ids as they are (checked below, then written to llama.cpp's int32 batch): no conversion op per step
+        ids = input_ids.numpy() if input_ids.device.type == "cpu" and input_ids.dtype in (torch.int64, torch.int32) \
+            else input_ids.detach().to("cpu", torch.int64).numpy()
         rows_n, width = ids.shape
         if valid is None:  # every token real (a decoding step): the shape's index arrays are cached
             return self._unpadded_layout(ids, last_only)
