@@ -1,0 +1,76 @@
+"""Our plain loop against llama-cpp-python's own (`Llama.generate`) on the same GGUF, threads and prompt, greedy:
+the time each spends in llama_decode per step and the time between two llama_decode calls (everything else: our
+session, sampling, the backend's batch and logits; their sampler chain and loop). Interleaved repeats, medians.
+    python scripts/llamacpp_loop_overhead.py --new 96 --repeats 5 [--draft suffix]
+--draft suffix adds ours with the suffix drafter and K = auto (what --draft auto picks where the model cannot pay).
+"""
+import argparse
+import os
+import statistics
+import time
+
+import llama_cpp
+
+from specdecode import AutoregressiveGenerator, SpeculativeGenerator, load_model
+from specdecode.bench.llamacpp_peers import LlamaCppPeers, gguf_file
+from specdecode.bench.methods.specdecode import fresh_history
+from specdecode.drafters import SuffixDrafter
+
+PROMPT = "Write a short essay about the history of the printing press and its effect on European society."
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--new", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--draft", choices=["none", "suffix"], default="none")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model = load_model(args.target, backend="llamacpp", threads=args.threads)
+    prompt = model.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False)
+    peers = LlamaCppPeers(gguf_file(args.target), args.threads, 512)
+    ours = {"ours plain": AutoregressiveGenerator(model)}
+    if args.draft == "suffix":
+        ours["ours suffix, K auto"] = SpeculativeGenerator(model, SuffixDrafter(), num_speculative_tokens="auto")
+
+    calls = []  # (start, end) of every llama_decode, ours and theirs alike
+    decode = llama_cpp.llama_decode
+
+    def timed(ctx, batch):
+        start = time.perf_counter()
+        code = decode(ctx, batch)
+        calls.append((start, time.perf_counter()))
+        return code
+
+    llama_cpp.llama_decode = timed
+    llama_cpp.llama.llama_cpp.llama_decode = timed
+
+    def run_ours(generator):
+        fresh_history(generator.drafter)
+        return generator.generate([prompt], max_new_tokens=args.new, temperature=0, ignore_eos=True).token_ids[0]
+
+    runs = {name: (lambda g=g: run_ours(g)) for name, g in ours.items()}
+    runs["llama-cpp-python"] = lambda: peers.generate_ids(prompt, args.new, 0.0, 0, 1.0, 0)[0]
+    samples = {name: [] for name in runs}
+    for repeat in range(args.repeats + 1):
+        for name, run in runs.items():
+            calls.clear()
+            start = time.perf_counter()
+            tokens = run()
+            seconds = time.perf_counter() - start
+            if repeat:  # the first round warms up
+                steps = [end - begin for begin, end in calls[1:]]
+                gaps = [b[0] - a[1] for a, b in zip(calls, calls[1:])]
+                samples[name].append((seconds, statistics.median(steps), statistics.median(gaps), tokens))
+    reference = samples["llama-cpp-python"][0][3]
+    for name, rows in samples.items():
+        seconds, step, gap = (statistics.median(r[i] for r in rows) for i in range(3))
+        print(f"{name:22s} {len(rows[0][3]) / seconds:6.2f} tok/s  llama_decode {1e3 * step:6.2f} ms/step  between "
+              f"decodes {1e3 * gap:5.3f} ms  same tokens as llama-cpp-python: {rows[0][3] == reference}")
+
+
+if __name__ == "__main__":
+    main()
