@@ -18,7 +18,8 @@ new = dict(max_new_tokens=plan.new_tokens, temperature=0.0, ignore_eos=True)
 report = {}
 for batch in ((1,) if dry else (1, 4)):
     prompts = torch.randint(0, vocab, (batch, plan.context), generator=torch.Generator().manual_seed(3)).tolist()
-    tb, db = _static(target, plan, batch, plan.context + plan.new_tokens + 10), _static(draft, plan, batch, plan.context + plan.new_tokens + 10)
+    tokens = plan.context + plan.new_tokens + 10
+    tb, db = _static(target, plan, batch, tokens), _static(draft, plan, batch, tokens)
     plain = AutoregressiveGenerator(tb)
     rec = plain.generate(prompts, **new).token_ids
     res = {}
@@ -39,6 +40,7 @@ for batch in ((1,) if dry else (1, 4)):
     for name, e in res.items():
         e["x_plain_median_reps_2_4"] = round(base / statistics.median(e["ms"][1:]), 3)
     report[batch] = res
-    print(batch, json.dumps({n: (e["x_plain_median_reps_2_4"], e["ms"], e["same"], e["k_hist"][-1]) for n, e in res.items()}), flush=True)
+    summary = {n: (e["x_plain_median_reps_2_4"], e["ms"], e["same"], e["k_hist"][-1]) for n, e in res.items()}
+    print(batch, json.dumps(summary), flush=True)
     del tb, db
 json.dump(report, open(f"{out}/probe_auto2.json", "w"), indent=1)

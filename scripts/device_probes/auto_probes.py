@@ -83,7 +83,8 @@ for batch in (1, 4) if not dry else (1,):
                 dr = ReplayDrafter(rec, 0.9, vocab, seed=batch, model=ModelDrafter(db))
                 g = SpeculativeGenerator(tb, dr, num_speculative_tokens="auto")
                 fn = lambda: g.generate(prompts, num_speculative_tokens=0, **new)
-            _sync(device); t = time.perf_counter(); fn(); _sync(device); ts.append(round((time.perf_counter() - t) * 1e3, 2))
+            _sync(device); t = time.perf_counter(); fn(); _sync(device)
+            ts.append(round((time.perf_counter() - t) * 1e3, 2))
         res[name]["unsynced_totals_ms"] = ts
     dr = ReplayDrafter(rec, 0.9, vocab, seed=batch, model=ModelDrafter(db))
     g = SpeculativeGenerator(tb, dr, num_speculative_tokens="auto")

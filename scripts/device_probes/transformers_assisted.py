@@ -1,4 +1,6 @@
-"""Ours on the transformers backend against transformers' assisted generation, acceptance 1, batch 1: cProfile of each."""
+"""Ours on the transformers backend against transformers' assisted generation, acceptance 1, batch 1: interleaved
+times and a cProfile of each. On the lent machine: install the carried wheels into a folder, then
+PYTHONPATH=that:src python3 scripts/device_probes/transformers_assisted.py (--dry: tiny shapes on the CPU)."""
 import cProfile, io, json, os, pstats, sys, time
 import torch
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator
