@@ -2,18 +2,13 @@
 import json, os, statistics, sys, time
 import torch
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator
-from specdecode.bench.device_check import Plan, _static, _sync
-from specdecode.bench.random_models import SHAPES, build_qwen
+from specdecode.bench.device_check import _static, _sync
+from common import setup
 from specdecode.bench.replay_drafter import ReplayDrafter
 from specdecode.drafters.model import ModelDrafter
 
-dry = "--dry" in sys.argv
-plan = Plan.dry() if dry else Plan.full()
-out = os.environ.get("OUT", "/tmp/device-probe"); os.makedirs(out, exist_ok=True)
-device, dtype = torch.device(plan.device), getattr(torch, plan.dtype)
-target = build_qwen(plan.target, device, dtype, seed=0, copying=True)
-draft = build_qwen(plan.draft, device, dtype, seed=1, copying=True)
-vocab = SHAPES[plan.target][5]
+plan, out, device, target, draft, vocab = setup()
+dry = device.type == "cpu"
 new = dict(max_new_tokens=plan.new_tokens, temperature=0.0, ignore_eos=True)
 report = {}
 for batch in ((1,) if dry else (1, 4)):

@@ -5,17 +5,10 @@ import cProfile, io, json, os, pstats, sys, time
 import torch
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator
 from specdecode.backends.hf import HFBackend
-from specdecode.bench.device_check import Plan, _sync
-from specdecode.bench.random_models import SHAPES, build_qwen
+from specdecode.bench.device_check import _sync
+from common import setup
 
-dry = "--dry" in sys.argv
-plan = Plan.dry() if dry else Plan.full()
-out = os.environ.get("OUT", "/tmp/device-probe")
-os.makedirs(out, exist_ok=True)
-device, dtype = torch.device(plan.device), getattr(torch, plan.dtype)
-target = build_qwen(plan.target, device, dtype, seed=0, copying=True)
-draft = build_qwen(plan.draft, device, dtype, seed=1, copying=True)
-vocab = SHAPES[plan.target][5]
+plan, out, device, target, draft, vocab = setup()
 k = 4
 prompts = torch.randint(0, vocab, (1, plan.context), generator=torch.Generator().manual_seed(3)).tolist()
 ids = torch.tensor(prompts, device=device)

@@ -1,0 +1,21 @@
+"""What every device probe starts from: the device check's plan (--dry: tiny shapes on the CPU), the output folder
+($OUT on the lent machine), and the target and draft built to copy their current token (random weights, real
+shapes)."""
+import os
+import sys
+
+import torch
+
+from specdecode.bench.device_check import Plan
+from specdecode.bench.random_models import SHAPES, build_qwen
+
+
+def setup():
+    """(plan, out folder, device, target, draft, vocabulary size)."""
+    plan = Plan.dry() if "--dry" in sys.argv else Plan.full()
+    out = os.environ.get("OUT", "/tmp/device-probe")
+    os.makedirs(out, exist_ok=True)
+    device, dtype = torch.device(plan.device), getattr(torch, plan.dtype)
+    target = build_qwen(plan.target, device, dtype, seed=0, copying=True)
+    draft = build_qwen(plan.draft, device, dtype, seed=1, copying=True)
+    return plan, out, device, target, draft, SHAPES[plan.target][5]
