@@ -152,8 +152,9 @@ class SuffixDrafter(Drafter):
         own = speculate(log, tail, k, self.min_prob, self.factor, self.offset)
         if not self.history.max_tokens:
             return self._with_tree(own, k)
+        # With chains only a draft scoring above own's is used: the history's search stops where none can.
         shared = self.history.speculate(tail, self._keys[b], k, self.min_prob, self.factor, self.offset,
-                                        self._marks[b])
+                                        self._marks[b], None if self._trees else own.score)
         if self._trees:
             own, shared = self._with_tree(own, k), self._with_tree(shared, k)
         if (shared.tree[2] <= own.tree[2]) if self._trees else (shared.score <= own.score):

@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import heapq
 import threading
+from array import array
 from bisect import bisect_left, bisect_right
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
@@ -49,6 +51,9 @@ _BASE, _MIX = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F  # odd 64-bit constants: po
 _BASE64, _MIX64 = np.uint64(_BASE), np.uint64(_MIX)
 _MASK = (1 << 64) - 1
 _SMALL = 16  # appends up to this many tokens are indexed in Python (numpy's per-call cost would dominate)
+_POWERS = [pow(_BASE, d, 1 << 64) for d in range(NGRAMS[-1])]  # _BASE ** d: the weight of the token d back
+_LEVEL = {n: i for i, n in enumerate(NGRAMS)}
+_count = itemgetter(1)
 
 
 def _hash(tokens) -> int:
@@ -57,6 +62,16 @@ def _hash(tokens) -> int:
     for t in tokens:
         h = (h * _BASE + t) & _MASK
     return h
+
+
+def _suffix_hashes(tokens: list[int]) -> list[int]:
+    """_hash(tokens[-n:]) for n = 1 .. min(len(tokens), longest n-gram), in one pass from the end: the hash is
+    sum(t[-1 - d] * _BASE ** d) mod 2 ** 64, so each longer suffix adds one term."""
+    hashes, h = [], 0
+    for d in range(min(len(tokens), NGRAMS[-1])):
+        h = (h + tokens[-1 - d] * _POWERS[d]) & _MASK
+        hashes.append(h)
+    return hashes
 
 
 def _bucket(h: int, bits: int) -> int:
@@ -92,6 +107,13 @@ class TokenLog:
         self._starts: list[int] = []  # start position of each document, in log order
         self._ids: list = []  # its id
         self._spans: dict = {}  # live document id -> (start, length)
+        self._views()
+
+    def _views(self) -> None:
+        """Memoryviews of the arrays (reading one element from Python is several times cheaper than numpy's)."""
+        self._tokv = memoryview(self._tok)
+        self._headv = [memoryview(row) for row in self._head]
+        self._prevv = [memoryview(row) for row in self._prev]
 
     # ------------------------------------------------------------------ adding and removing
     def extend(self, tokens) -> None:
@@ -101,9 +123,14 @@ class TokenLog:
             return
         lo = self.size
         self._reserve(lo + len(tokens))
-        self._tok[lo:lo + len(tokens)] = tokens
-        self.size += len(tokens)
-        self._index_small(lo, self.size) if len(tokens) <= _SMALL else self._index(lo, self.size)
+        if len(tokens) <= _SMALL:
+            self._tokv[lo:lo + len(tokens)] = array("i", tokens)
+            self.size += len(tokens)
+            self._index_small(lo, self.size)
+        else:
+            self._tok[lo:lo + len(tokens)] = tokens
+            self.size += len(tokens)
+            self._index(lo, self.size)
 
     def add(self, tokens, doc_id) -> None:
         """Append a finished document (it ends with SEP: nothing matches across it)."""
@@ -134,12 +161,24 @@ class TokenLog:
 
     def tail(self, n: int) -> list[int]:
         """The last n tokens (fewer in a shorter log)."""
-        return self._tok[max(0, self.size - n):self.size].tolist()
+        return self._tokv[max(0, self.size - n):self.size].tolist()
 
     def doc_at(self, position: int):
         """The id of the document holding this position (None past the documents, e.g. in an open row)."""
         i = bisect_right(self._starts, position) - 1
         return self._ids[i] if i >= 0 else None
+
+    def docs_at(self, positions) -> set:
+        """{doc_at(p) for p in positions}, one search per run of positions in one document (a match's ends are
+        newest first: mostly runs)."""
+        docs, lo, hi = set(), 0, -1  # the span [lo, hi) of the document found last
+        for p in positions:
+            if not lo <= p < hi:
+                i = bisect_right(self._starts, p) - 1
+                lo = self._starts[i] if i >= 0 else -1
+                hi = self._starts[i + 1] if i + 1 < len(self._starts) else self.size + 1
+                docs.add(self._ids[i] if i >= 0 else None)
+        return docs
 
     def _reserve(self, size: int) -> None:
         capacity = len(self._tok)
@@ -153,6 +192,7 @@ class TokenLog:
             self._bits = (capacity - 1).bit_length()
             self._head = np.full((len(NGRAMS), 1 << self._bits), -1, np.int32)
             self._index(0, self.size)
+        self._views()
 
     def _compact(self) -> None:
         """Rebuild the log from its live documents, in order (positions change; ids stay)."""
@@ -211,18 +251,21 @@ class TokenLog:
         self._head[i, b[last]] = p[last]
 
     def _index_small(self, lo: int, hi: int) -> None:
-        """The same as _index for a few positions, in Python (a decode step appends one to nine tokens)."""
-        start = max(0, lo - NGRAMS[-1] + 1)
-        window = self._tok[start:hi].tolist()
-        head, prev = self._head, self._prev
+        """The same as _index for a few positions, in Python (a decode step appends one to nine tokens): the hashes of
+        the n-grams ending at p are _suffix_hashes' (the same as _hashes'), cut at the first SEP."""
+        tok, heads, prevs, shift = self._tokv, self._headv, self._prevv, 64 - self._bits
         for p in range(lo, hi):
-            for i, n in enumerate(NGRAMS):
-                gram = window[p - n + 1 - start:p + 1 - start] if p - n + 1 >= start else None
-                if gram is None or SEP in gram or len(gram) < n:
-                    continue
-                b = _bucket(_hash(gram), self._bits)
-                prev[i, p] = head[i, b]
-                head[i, b] = p
+            h = 0
+            for d in range(min(p + 1, NGRAMS[-1])):
+                t = tok[p - d]
+                if t == SEP:  # no n-gram holds it: nor any longer one ending here
+                    break
+                h = (h + t * _POWERS[d]) & _MASK
+                i = _LEVEL.get(d + 1)
+                if i is not None:
+                    b = ((h * _MIX) & _MASK) >> shift
+                    prevs[i][p] = heads[i][b]
+                    heads[i][b] = p
 
     # ------------------------------------------------------------------ lookups
     def match(self, tail: list[int], walk: int = WALK, before: int | None = None):
@@ -230,20 +273,8 @@ class TokenLog:
         `tail`, as the positions where they end and their true match lengths (<= len(tail)). Occurrences with
         nothing after them in the log (the context's own tail) are left out, and so are those in documents of id
         `before` or later (added after a row joined)."""
-        stop = self.start_of(before)
-        for i in reversed(range(len(NGRAMS))):
-            n = NGRAMS[i]
-            if n > len(tail):
-                continue
-            found = self._walk(i, _bucket(_hash(tail[-n:]), self._bits), walk, stop)
-            if not found:
-                continue
-            ends = np.array(found, np.int64)
-            lengths = self._match_lengths(ends, tail)
-            keep = lengths >= n  # drops hash collisions and removed documents
-            if keep.any():
-                return ends[keep], lengths[keep]
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        ends, lengths = self._match(list(tail), walk, self.start_of(before))
+        return np.array(ends, np.int64), np.array(lengths, np.int64)
 
     def start_of(self, doc_id) -> int:
         """Where the first document of id doc_id or later starts (ids grow along the log); the log's end if none."""
@@ -252,19 +283,87 @@ class TokenLog:
         i = bisect_left(self._ids, doc_id)
         return self._starts[i] if i < len(self._ids) else self.size
 
-    def _walk(self, i: int, bucket: int, walk: int, stop: int) -> list[int]:
-        prev = self._prev[i]
-        p, found, last = int(self._head[i, bucket]), [], min(self.size - 1, stop)
-        while p >= 0 and len(found) < walk:
-            if p < last:
-                found.append(p)
-            p = int(prev[p])
-        return found
+    def _match(self, tail: list[int], walk: int, stop: int) -> tuple[list[int], list[int]]:
+        """match's (ends, lengths) as lists. For each n, longest first: the chain's `walk` most recent entries
+        before min(stop, the last position) (a chain holds decreasing positions, so those at or past it are its
+        first ones), each read backwards to its true match length; the first n with one of length >= n answers
+        (the others are hash collisions and removed documents). A chain read to its end without one shows that no
+        position before the stop matches n tokens: shorter n-grams' matches are then measured up to n - 1 only."""
+        if not tail:
+            return [], []
+        tok, prevs, heads, shift = self._tokv, self._prevv, self._headv, 64 - self._bits
+        hashes, last = _suffix_hashes(tail), min(self.size - 1, stop)
+        back, first, longest = tail[::-1], tail[-1], len(tail)  # back[m]: the token m before the end
+        for i in reversed(range(len(NGRAMS))):
+            n = NGRAMS[i]
+            if n > len(tail):
+                continue
+            prev = prevs[i]
+            p = heads[i][((hashes[n - 1] * _MIX) & _MASK) >> shift]
+            while p >= last and p >= 0:  # the context's own end, and documents from `before` on
+                p = prev[p]
+            ends, lengths, read = [], [], 0
+            while p >= 0 and read < walk:
+                read += 1
+                if tok[p] == first:
+                    m = 1
+                    while m < longest and m <= p and tok[p - m] == back[m]:
+                        m += 1
+                    if m >= n:
+                        ends.append(p)
+                        lengths.append(m)
+                p = prev[p]
+            if ends:
+                return ends, lengths
+            if p < 0:
+                longest = min(longest, n - 1)
+        return [], []
 
-    def _match_lengths(self, ends: np.ndarray, tail: list[int]) -> np.ndarray:
-        back = ends[:, None] - np.arange(len(tail))[None, :]
-        same = (self._tok[np.maximum(back, 0)] == np.array(tail[::-1], np.int32)) & (back >= 0)
-        return np.cumprod(same, axis=1).sum(axis=1)
+    def _path(self, ends: list[int], limit: int, min_prob: float) -> tuple[list[int], float, list[int]]:
+        """(tokens, score, the ends whose continuation starts with the first token) of the continuations after
+        these match ends: follow the most frequent next token (ties: the most recent occurrence, ends being newest
+        first) while the product of count / support stays >= min_prob. Continuations that end (SEP, or the log's
+        end) stay in the support: they are evidence that the text stopped there."""
+        tok, size = self._tokv, self.size
+        tokens, prob, score, at, firsts = [], 1.0, 0.0, ends, []
+        for j in range(limit):
+            if len(at) == 1:  # one row left: each next token has count / support 1
+                q = at[0] + 1
+                for _ in range(j, limit):
+                    token = tok[q] if q < size else SEP
+                    if token == SEP or prob < min_prob:
+                        break
+                    tokens.append(token)
+                    score += prob
+                    q += 1
+                break
+            nxt = [tok[p + 1] for p in at] if j == 0 else [tok[p + 1] if p + 1 < size else SEP for p in at]
+            counts = Counter(nxt)  # ends lie before the log's last position: the first tokens are in it
+            counts.pop(SEP, None)
+            if not counts:
+                break
+            token, count = max(counts.items(), key=_count)
+            prob *= count / len(at)
+            if prob < min_prob:
+                break
+            tokens.append(token)
+            score += prob
+            at = [p + 1 for p, t in zip(at, nxt) if t == token]
+        if tokens:
+            first = tokens[0]
+            firsts = [e for e in ends if tok[e + 1] == first]
+        return tokens, score, firsts
+
+    def rows_after(self, ends: list[int], k: int) -> list[list[int]]:
+        """following(ends, k) for a list of ends."""
+        tok, size, rows = self._tokv, self.size, []
+        for e in ends:
+            if e + 1 + k <= size:
+                rows.append(tok[e + 1:e + 1 + k].tolist())
+            else:
+                row = tok[e + 1:size].tolist()
+                rows.append(row + [SEP] * (k - len(row)))
+        return rows
 
     def following(self, ends: np.ndarray, k: int) -> list[list[int]]:
         """The k tokens after each end position (SEP past the log)."""
@@ -276,27 +375,34 @@ class TokenLog:
 
 # ---------------------------------------------------------------------------------------------- drafting
 def speculate(log: TokenLog, tail: list[int], max_tokens: int, min_prob: float, factor: float = 1.0,
-              offset: float = 0.0, before: int | None = None) -> Draft:
+              offset: float = 0.0, before: int | None = None, beat: float | None = None) -> Draft:
     """The best draft of at most max_tokens from log for a context ending in tail (SuffixDecoding's path
     speculation): for each match length m found, the most frequent path below it, cut at m * factor + offset
     tokens and where the estimated acceptance falls below min_prob; the highest score wins (ties: the longer
-    match)."""
+    match). beat: only a draft scoring above it is wanted; where none can, the empty draft comes back (sooner)."""
     if max_tokens <= 0 or not tail:
         return Draft()
-    ends, lengths = log.match(tail, before=before)
-    if not len(ends):
+    if factor < 0:  # limits no longer shrink with the match: the bounds below do not hold
+        beat = None
+    # A draft of limit tokens scores at most limit (each token's estimate is <= 1, exactly so in floats too).
+    if beat is not None and min(max_tokens, int(len(tail) * factor + offset + 1e-6)) <= beat:
         return Draft()
-    rows, lengths, ends = log.following(ends, max_tokens), lengths.tolist(), ends.tolist()
-    best = Draft()
+    ends, lengths = log._match(list(tail), WALK, log.start_of(before))
+    if not ends:
+        return Draft()
+    best, best_ends, shortest = Draft(), ends, min(lengths)
     for m in sorted(set(lengths), reverse=True):
         limit = min(max_tokens, int(m * factor + offset + 1e-6))
-        if limit <= best.score:  # shorter matches draft no more tokens, and each scores at most 1
+        if limit <= best.score or (beat is not None and limit <= beat):  # shorter matches draft no more tokens
             break
-        chosen = [j for j, length in enumerate(lengths) if length >= m]
-        tokens, score = _path([rows[j] for j in chosen], limit, min_prob)
+        chosen = ends if m == shortest else [e for e, length in zip(ends, lengths) if length >= m]
+        tokens, score, firsts = log._path(chosen, limit, min_prob)
         if score > best.score:
-            best = Draft(tokens, score, m, [ends[j] for j in chosen if rows[j][0] == tokens[0]],
-                         rows=[rows[j] for j in chosen], limit=limit)
+            best, best_ends = Draft(tokens, score, m, firsts, limit=limit), chosen
+    if beat is not None and best.score <= beat:
+        return Draft()
+    if best.tokens:  # the continuations of the chosen match (a tree's source), read for the winner only
+        best.rows = log.rows_after(best_ends, max_tokens)
     return best
 
 
@@ -342,26 +448,6 @@ def speculate_tree(draft: Draft, budget: int, min_prob: float, width: int,
         score -= neg
         expand(len(tokens) - 1, rows, depth + 1, -neg)
     return tokens, parents, score
-
-
-def _path(rows: list[list[int]], limit: int, min_prob: float) -> tuple[list[int], float]:
-    """Follow the most frequent next token (ties: the most recent occurrence, rows being newest first) while the
-    product of count / support stays >= min_prob. Rows that end (SEP) stay in the support: they are evidence that
-    the text stopped there."""
-    tokens, prob, score = [], 1.0, 0.0
-    for j in range(limit):
-        counts = Counter(r[j] for r in rows)
-        counts.pop(SEP, None)
-        if not counts:
-            break
-        token, count = max(counts.items(), key=lambda item: item[1])
-        prob *= count / len(rows)
-        if prob < min_prob:
-            break
-        tokens.append(token)
-        score += prob
-        rows = [r for r in rows if r[j] == token]
-    return tokens, score
 
 
 # ---------------------------------------------------------------------------------------------- the history
@@ -429,15 +515,15 @@ class SuffixHistory:
         return self._next_id
 
     def speculate(self, tail: list[int], key, max_tokens: int, min_prob: float, factor: float = 1.0,
-                  offset: float = 0.0, before: int | None = None) -> Draft:
+                  offset: float = 0.0, before: int | None = None, beat: float | None = None) -> Draft:
         """The best draft from key's documents (see `speculate`), with the documents it came from; only those of
         ids below `before` when given."""
         with self._lock:
             log = self._logs.get(key)
             if log is None:
                 return Draft()
-            draft = speculate(log, tail, max_tokens, min_prob, factor, offset, before)
-            draft.docs = {log.doc_at(end) for end in draft.ends}
+            draft = speculate(log, tail, max_tokens, min_prob, factor, offset, before, beat)
+            draft.docs = log.docs_at(draft.ends)
             return draft
 
     def used(self, draft: Draft) -> None:
