@@ -1,13 +1,14 @@
 """The suffix drafter's CPU cost per decode step on novel text (issue 33): update + max_drafts for one row, as the
 session calls them when it decodes one token a step (the policy declines the drafts).
 
-    python scripts/suffix_step_cost.py [--context 2000] [--history 4000] [--steps 2000] [--k 8] [--repeat 3]
+    python scripts/suffix_step_cost.py [--row README.md] [--context 2000] [--history 4000] [--steps 2000] [--k 8]
 
-Text: the project's own docs and README tokenized with the Qwen2.5-Coder tokenizer (a byte-level stand-in where it
-is not cached). The history holds --history tokens of other documents; the row's prompt is --context tokens of
-README.md and it then decodes the text that follows, token by token. Prints the median and mean microseconds per
-step of each call and a digest of every draft (tokens, score, match, ends, docs, limit): run it on two checkouts
-(PYTHONPATH=.../src) to compare their cost, interleaved, and check that their drafts are the same.
+Text: the project's own files tokenized with the Qwen2.5-Coder tokenizer (a byte-level stand-in where it is not
+cached). The history holds --history tokens of docs/*.md and then src/**/*.py (not the row's file), in documents of
+1500 tokens; the row's prompt is --context tokens of --row and it then decodes the text that follows, token by
+token. Prints the median and mean microseconds per step of each call and a digest of every draft (tokens, score,
+match, ends, docs, limit, rows): run it on two checkouts (PYTHONPATH=.../src) to compare their cost, interleaved,
+and check that their drafts are the same.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ def tokenize(paths: list[Path]) -> list[list[int]]:
     return [list(t.encode("utf-8")) for t in texts]
 
 
-def run(context: int, history_tokens: int, steps: int, k: int) -> tuple[list[int], list[int], str]:
+def run(row: str, context: int, history_tokens: int, steps: int, k: int) -> tuple[list[int], list[int], str]:
     import torch
 
     from specdecode import SuffixDrafter, SuffixHistory
 
-    row_text, *others = tokenize([ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+    files = [*sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "src").rglob("*.py"))]
+    row_text, *others = tokenize([ROOT / row] + [f for f in files if f.resolve() != (ROOT / row).resolve()])
     history = SuffixHistory()
     added = 0
     for doc in others:
@@ -69,6 +71,7 @@ def run(context: int, history_tokens: int, steps: int, k: int) -> tuple[list[int
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--row", default="README.md", help="the row's text, a path under the repository")
     parser.add_argument("--context", type=int, default=2000)
     parser.add_argument("--history", type=int, default=4000)
     parser.add_argument("--steps", type=int, default=2000)
@@ -79,7 +82,7 @@ def main() -> None:
 
     print(f"specdecode from {Path(specdecode.__file__).parent}")
     for _ in range(args.repeat):
-        update_ns, draft_ns, digest = run(args.context, args.history, args.steps, args.k)
+        update_ns, draft_ns, digest = run(args.row, args.context, args.history, args.steps, args.k)
         total = [u + d for u, d in zip(update_ns, draft_ns)]
         print(f"update {statistics.median(update_ns) / 1e3:6.1f} us (mean {statistics.mean(update_ns) / 1e3:6.1f})"
               f"  max_drafts {statistics.median(draft_ns) / 1e3:6.1f} us (mean {statistics.mean(draft_ns) / 1e3:6.1f})"

@@ -325,7 +325,7 @@ class TokenLog:
         first) while the product of count / support stays >= min_prob. Continuations that end (SEP, or the log's
         end) stay in the support: they are evidence that the text stopped there."""
         tok, size = self._tokv, self.size
-        tokens, prob, score, at, firsts = [], 1.0, 0.0, ends, []
+        tokens, prob, score, at, firsts = [], 1.0, 0.0, ends, ends
         for j in range(limit):
             if len(at) == 1:  # one row left: each next token has count / support 1
                 q = at[0] + 1
@@ -348,11 +348,9 @@ class TokenLog:
                 break
             tokens.append(token)
             score += prob
-            at = [p + 1 for p, t in zip(at, nxt) if t == token]
-        if tokens:
-            first = tokens[0]
-            firsts = [e for e in ends if tok[e + 1] == first]
-        return tokens, score, firsts
+            kept = [p for p, t in zip(at, nxt) if t == token]
+            firsts, at = kept if j == 0 else firsts, [p + 1 for p in kept]
+        return tokens, score, firsts if tokens else []
 
     def rows_after(self, ends: list[int], k: int) -> list[list[int]]:
         """following(ends, k) for a list of ends."""
