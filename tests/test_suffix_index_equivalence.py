@@ -332,8 +332,12 @@ def test_a_growing_logs_matches_and_drafts_are_the_references(seed, vocab):
             assert list(zip(ends.tolist(), lengths.tolist())) == ref.match(tail), tail
             walk_cut += len(ends) > 0 and len(ends) == WALK
             k, min_prob, factor, offset = rng.choice(SETTINGS)
-            assert_same(speculate(log, tail, k, min_prob, factor, offset), ref_speculate(ref, tail, k, min_prob,
-                                                                                         factor, offset), tail)
+            want = ref_speculate(ref, tail, k, min_prob, factor, offset)
+            assert_same(speculate(log, tail, k, min_prob, factor, offset), want, tail)
+            # beat: the draft when it scores above beat, else none (how a row's own draft prunes the history's)
+            for beat in (rng.choice([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 7.5]), want.score):
+                assert_same(speculate(log, tail, k, min_prob, factor, offset, beat=beat),
+                            want if want.score > beat else Draft(), (tail, beat))
     if vocab <= 12:
         assert walk_cut > 0  # the WALK most recent rule was exercised
 

@@ -283,12 +283,13 @@ class TokenLog:
         i = bisect_left(self._ids, doc_id)
         return self._starts[i] if i < len(self._ids) else self.size
 
-    def _match(self, tail: list[int], walk: int, stop: int) -> tuple[list[int], list[int]]:
+    def _match(self, tail: list[int], walk: int, stop: int, need: int = 1) -> tuple[list[int], list[int]]:
         """match's (ends, lengths) as lists. For each n, longest first: the chain's `walk` most recent entries
         before min(stop, the last position) (a chain holds decreasing positions, so those at or past it are its
         first ones), each read backwards to its true match length; the first n with one of length >= n answers
         (the others are hash collisions and removed documents). A chain read to its end without one shows that no
-        position before the stop matches n tokens: shorter n-grams' matches are then measured up to n - 1 only."""
+        position before the stop matches n tokens: shorter n-grams' matches are then measured up to n - 1 only.
+        need: the answer's matches shorter than this are left out (nothing where none or no longer one can be)."""
         if not tail:
             return [], []
         tok, prevs, heads, shift = self._tokv, self._prevv, self._headv, 64 - self._bits
@@ -298,11 +299,20 @@ class TokenLog:
             n = NGRAMS[i]
             if n > len(tail):
                 continue
+            if longest < need:
+                return [], []
             prev = prevs[i]
             p = heads[i][((hashes[n - 1] * _MIX) & _MASK) >> shift]
             while p >= last and p >= 0:  # the context's own end, and documents from `before` on
                 p = prev[p]
             ends, lengths, read = [], [], 0
+            if longest == 1:  # n == 1, and every occurrence matches exactly one token
+                while p >= 0 and read < walk:
+                    read += 1
+                    if tok[p] == first:
+                        ends.append(p)
+                    p = prev[p]
+                lengths = [1] * len(ends)
             while p >= 0 and read < walk:
                 read += 1
                 if tok[p] == first:
@@ -314,6 +324,8 @@ class TokenLog:
                         lengths.append(m)
                 p = prev[p]
             if ends:
+                if need > 1:
+                    ends, lengths = [e for e, m in zip(ends, lengths) if m >= need], [m for m in lengths if m >= need]
                 return ends, lengths
             if p < 0:
                 longest = min(longest, n - 1)
@@ -380,12 +392,17 @@ def speculate(log: TokenLog, tail: list[int], max_tokens: int, min_prob: float, 
     match). beat: only a draft scoring above it is wanted; where none can, the empty draft comes back (sooner)."""
     if max_tokens <= 0 or not tail:
         return Draft()
-    if factor < 0:  # limits no longer shrink with the match: the bounds below do not hold
+    tail, need = tail if isinstance(tail, list) else list(tail), 1
+    if beat is not None and factor >= 0:  # (limits grow with the match length m)
+        # A draft of limit tokens scores at most limit (each token's estimate is <= 1, exactly so in floats too):
+        # only matches of `need` tokens or more can beat `beat`.
+        while min(max_tokens, int(need * factor + offset + 1e-6)) <= beat:
+            if need == len(tail):
+                return Draft()
+            need += 1
+    else:
         beat = None
-    # A draft of limit tokens scores at most limit (each token's estimate is <= 1, exactly so in floats too).
-    if beat is not None and min(max_tokens, int(len(tail) * factor + offset + 1e-6)) <= beat:
-        return Draft()
-    ends, lengths = log._match(list(tail), WALK, log.start_of(before))
+    ends, lengths = log._match(tail, WALK, log.start_of(before), need)
     if not ends:
         return Draft()
     best, best_ends, shortest = Draft(), ends, min(lengths)
