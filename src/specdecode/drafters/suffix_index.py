@@ -66,26 +66,15 @@ _LEVEL = {n: i for i, n in enumerate(NGRAMS)}
 _count = itemgetter(1)
 
 
-def _hash(tokens) -> int:
-    """The n-gram's 64-bit polynomial hash, exactly as `_hashes` computes it in uint64 arithmetic."""
-    h = 0
-    for t in tokens:
-        h = (h * _BASE + t) & _MASK
-    return h
-
-
 def _suffix_hashes(tokens: list[int]) -> list[int]:
-    """_hash(tokens[-n:]) for n = 1 .. min(len(tokens), longest n-gram), in one pass from the end: the hash is
-    sum(t[-1 - d] * _BASE ** d) mod 2 ** 64, so each longer suffix adds one term."""
+    """The hash of tokens[-n:] for n = 1 .. min(len(tokens), longest n-gram), exactly as `_hashes` computes it in
+    uint64 arithmetic (a polynomial: sum(t[-1 - d] * _BASE ** d) mod 2 ** 64), in one pass from the end: each longer
+    suffix adds one term."""
     hashes, h = [], 0
     for d in range(min(len(tokens), NGRAMS[-1])):
         h = (h + tokens[-1 - d] * _POWERS[d]) & _MASK
         hashes.append(h)
     return hashes
-
-
-def _bucket(h: int, bits: int) -> int:
-    return ((h * _MIX) & _MASK) >> (64 - bits)
 
 
 @dataclass
@@ -374,8 +363,8 @@ class TokenLog:
             firsts, at = kept if j == 0 else firsts, [p + 1 for p in kept]
         return tokens, score, firsts if tokens else []
 
-    def rows_after(self, ends: list[int], k: int) -> list[list[int]]:
-        """following(ends, k) for a list of ends."""
+    def following(self, ends: list[int], k: int) -> list[list[int]]:
+        """The k tokens after each end position (SEP past the log)."""
         tok, size, rows = self._tokv, self.size, []
         for e in ends:
             if e + 1 + k <= size:
@@ -384,13 +373,6 @@ class TokenLog:
                 row = tok[e + 1:size].tolist()
                 rows.append(row + [SEP] * (k - len(row)))
         return rows
-
-    def following(self, ends: np.ndarray, k: int) -> list[list[int]]:
-        """The k tokens after each end position (SEP past the log)."""
-        at = ends[:, None] + 1 + np.arange(k)[None, :]
-        tokens = self._tok[np.minimum(at, len(self._tok) - 1)]
-        tokens[at >= self.size] = SEP
-        return tokens.tolist()
 
 
 # ---------------------------------------------------------------------------------------------- drafting
@@ -427,7 +409,7 @@ def speculate(log: TokenLog, tail: list[int], max_tokens: int, min_prob: float, 
     if beat is not None and best.score <= beat:
         return Draft()
     if best.tokens:  # the continuations of the chosen match (a tree's source), read for the winner only
-        best.rows = log.rows_after(best_ends, max_tokens)
+        best.rows = log.following(best_ends, max_tokens)
     return best
 
 
