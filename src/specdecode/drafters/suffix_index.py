@@ -397,20 +397,20 @@ def speculate(log: TokenLog, tail: list[int], max_tokens: int, min_prob: float, 
     ends, lengths = log._match(tail, WALK, log.start_of(before), need)
     if not ends:
         return Draft()
-    best, best_ends, shortest = Draft(), ends, min(lengths)
-    for m in sorted(set(lengths), reverse=True):
+    best, best_score, shortest = None, 0.0, min(lengths)
+    for m in sorted(set(lengths), reverse=True) if shortest < max(lengths) else (shortest,):
         limit = min(max_tokens, int(m * factor + offset + 1e-6))
-        if limit <= best.score or (beat is not None and limit <= beat):  # shorter matches draft no more tokens
+        if limit <= best_score or (beat is not None and limit <= beat):  # shorter matches draft no more tokens
             break
         chosen = ends if m == shortest else [e for e, length in zip(ends, lengths) if length >= m]
         tokens, score, firsts = log._path(chosen, limit, min_prob)
-        if score > best.score:
-            best, best_ends = Draft(tokens, score, m, firsts, limit=limit), chosen
-    if beat is not None and best.score <= beat:
+        if score > best_score:
+            best, best_score = (tokens, score, m, firsts, limit, chosen), score
+    if best is None or (beat is not None and best_score <= beat):
         return Draft()
-    if best.tokens:  # the continuations of the chosen match (a tree's source), read for the winner only
-        best.rows = log.following(best_ends, max_tokens)
-    return best
+    tokens, score, m, firsts, limit, chosen = best
+    # the continuations of the chosen match (a tree's source), read for the winner only
+    return Draft(tokens, score, m, firsts, rows=log.following(chosen, max_tokens), limit=limit)
 
 
 def speculate_tree(draft: Draft, budget: int, min_prob: float, width: int,
