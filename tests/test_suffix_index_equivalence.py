@@ -387,16 +387,19 @@ def test_tokens_that_end_a_log_or_meet_sep_are_drafted_as_the_reference_drafts()
                                 ref_speculate(ref, tail, k, min_prob, before=before), (tail, before, k, min_prob))
 
 
-@pytest.mark.parametrize("seed, width, vocab", [(10, 1, 8), (11, 3, 8), (12, 1, 300), (13, 2, 40)])
-def test_a_drafters_drafts_step_by_step_are_the_references(seed, width, vocab):
+@pytest.mark.parametrize("seed, width, vocab, settings", [
+    (10, 1, 8, {}), (11, 3, 8, {}), (12, 1, 300, {}), (13, 2, 40, {}),
+    (14, 1, 8, dict(min_prob=0.05, factor=2.0, offset=1.0)), (15, 2, 20, dict(min_prob=0.3, factor=0.5, offset=2.0))])
+def test_a_drafters_drafts_step_by_step_are_the_references(seed, width, vocab, settings):
     """Rows join (with keys and marks), decode (emitting 1-4 tokens a step, text copied from the history or
     novel), leave into the history, at their own K, with chains and with token trees: every row's draft each step,
     and what max_drafts, scores, draft_classes and propose return from it."""
     rng = random.Random(seed)
     budget = rng.choice([800, 3000])
     history, ref_history = SuffixHistory(budget), RefHistory(budget)
-    drafter = SuffixDrafter(history, tree_width=width)
-    ref = RefDrafter(ref_history, width=width)
+    drafter = SuffixDrafter(history, tree_width=width, min_prob=settings.get("min_prob", 0.1),
+                            max_spec_factor=settings.get("factor", 1.0), max_spec_offset=settings.get("offset", 0.0))
+    ref = RefDrafter(ref_history, width=width, **settings)
     texts = [stream(rng, 300, vocab, [], copy=0.3) for _ in range(4)]
     shared = 0
     for step in range(160):
@@ -447,3 +450,27 @@ def test_a_drafters_drafts_step_by_step_are_the_references(seed, width, vocab):
             texts.append(rng.choice(texts)[:50] + stream(rng, 100, vocab, texts, copy=0.5))
         assert list(history._docs) == list(ref_history.docs)
     assert shared > 0  # drafts from the history won too (and moved their documents in the LRU order)
+
+
+def test_a_walk_cut_by_collisions_does_not_shorten_the_matches_found_below_it():
+    """WALK entries of other 8-grams in the bucket of the context's 8-gram (all newer than its one true occurrence):
+    the 8-gram's walk ends without an answer, but not at its chain's end, so the 4-gram's walk still finds that
+    occurrence and measures all 8 of its tokens."""
+    pattern = [1, 2, 3, 4, 5, 6, 7, 8]
+    log, ref = TokenLog(), RefLog()  # 256 slots: 8-bit buckets while the log stays that short
+    target = bucket_of(pattern, 8)
+    tokens = pattern + [50, 51, SEP] + [1000 + i for i in range(7)]
+    while sum(bucket_of(tokens[p - 7:p + 1], 8) == target for p in range(18, len(tokens))) < WALK + 2:
+        t = 1000
+        while bucket_of(tokens[-7:] + [t], 8) != target:
+            t += 1
+        tokens.append(t)
+    assert len(tokens) < 256
+    log.extend(tokens)
+    ref.extend(tokens)
+    assert log._bits == 8
+    ends, lengths = log.match(pattern)
+    assert ends.tolist() == [7] and lengths.tolist() == [8]
+    assert list(zip(ends.tolist(), lengths.tolist())) == ref.match(pattern)
+    assert_same(speculate(log, pattern, 8, 0.1), ref_speculate(ref, pattern, 8, 0.1), pattern)
+    assert speculate(log, pattern, 8, 0.1).tokens == [50, 51] and speculate(log, pattern, 8, 0.1).match == 8
