@@ -123,7 +123,7 @@ class TokenLog:
         lo = self.size
         self._reserve(lo + len(tokens))
         if len(tokens) <= _SMALL:
-            self._tokv[lo:lo + len(tokens)] = array("i", tokens)
+            self._tokv[lo:lo + len(tokens)] = array(self._tokv.format, tokens)
             self.size += len(tokens)
             self._index_small(lo, self.size)
         else:
@@ -312,16 +312,17 @@ class TokenLog:
                         ends.append(p)
                     p = prev[p]
                 lengths = [1] * len(ends)
-            while p >= 0 and read < walk:
-                read += 1
-                if tok[p] == first:
-                    m = 1
-                    while m < longest and m <= p and tok[p - m] == back[m]:
-                        m += 1
-                    if m >= n:
-                        ends.append(p)
-                        lengths.append(m)
-                p = prev[p]
+            else:
+                while p >= 0 and read < walk:
+                    read += 1
+                    if tok[p] == first:
+                        m = 1
+                        while m < longest and m <= p and tok[p - m] == back[m]:
+                            m += 1
+                        if m >= n:
+                            ends.append(p)
+                            lengths.append(m)
+                    p = prev[p]
             if ends:
                 if need > 1:
                     ends, lengths = [e for e, m in zip(ends, lengths) if m >= need], [m for m in lengths if m >= need]
