@@ -64,10 +64,12 @@ def main():
             if repeat:  # the first round warms up
                 steps = [end - begin for begin, end in calls[1:]]
                 gaps = [b[0] - a[1] for a, b in zip(calls, calls[1:])]
-                samples[name].append((seconds, statistics.median(steps), statistics.median(gaps), tokens))
+                samples[name].append((seconds, statistics.median(steps), statistics.median(gaps), tokens, calls[0][1] - calls[0][0], sum(steps), sum(gaps)))
     reference = samples["llama-cpp-python"][0][3]
     for name, rows in samples.items():
-        seconds, step, gap = (statistics.median(r[i] for r in rows) for i in range(3))
+        seconds, step, gap, prefill, steps, gaps = (statistics.median(r[i] for r in rows) for i in (0, 1, 2, 4, 5, 6))
+        print(f"{name:22s} total {1e3 * seconds:7.1f} ms: prefill {1e3 * prefill:6.1f}, decodes {1e3 * steps:7.1f}, "
+              f"between {1e3 * gaps:5.1f}, rest {1e3 * (seconds - prefill - steps - gaps):5.1f}")
         print(f"{name:22s} {len(rows[0][3]) / seconds:6.2f} tok/s  llama_decode {1e3 * step:6.2f} ms/step  between "
               f"decodes {1e3 * gap:5.3f} ms  same tokens as llama-cpp-python: {rows[0][3] == reference}")
 

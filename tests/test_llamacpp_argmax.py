@@ -39,11 +39,10 @@ def test_forward_argmax_is_the_argmax_of_forward(tiny_gguf, options):
     logits = backend.forward(new)
     after = backend.lengths
     backend.trim(start)
-    tokens = backend.forward_argmax(new)
-    assert tokens.dtype == torch.long and tokens.shape == (3, 5)
-    assert tokens.tolist() == greedy(logits).tolist()
+    tokens = backend.forward_argmax(new.tolist())
+    assert tokens == greedy(logits).tolist()
     assert backend.lengths == after
-    assert int(tokens.max()) < backend.vocab_size
+    assert max(max(row) for row in tokens) < backend.vocab_size
 
 
 def _count_argmax_calls(backend, monkeypatch) -> list[int]:
@@ -51,7 +50,7 @@ def _count_argmax_calls(backend, monkeypatch) -> list[int]:
     own = backend.forward_argmax
 
     def counted(input_ids):
-        calls.append(input_ids.shape[1])
+        calls.append(len(input_ids[0]))
         return own(input_ids)
 
     monkeypatch.setattr(backend, "forward_argmax", counted)
