@@ -29,6 +29,7 @@ def main():
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model = load_model(args.target, backend="llamacpp", threads=args.threads)
+    model.model.huge_pages.wait()  # the steady state: its weights in huge pages (backends/huge_pages.py)
     prompt = model.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
                                                  tokenize=True, return_dict=False)
     peers = LlamaCppPeers(gguf_file(args.target), args.threads, 512)

@@ -50,6 +50,7 @@ class ModelOptions:
     prepack: bool = True
     threads: int | None = None
     exact_greedy: bool = False
+    huge_pages: bool = True  # llama.cpp: its memory collapsed into transparent huge pages (backends/huge_pages.py)
     trust_remote_code: bool = False
     suffix_history_tokens: int = DEFAULT_SUFFIX_HISTORY_TOKENS  # the suffix draft's history of earlier requests
     tree_width: int = 1  # --draft suffix: children per node of its token trees (1: chains)
@@ -171,7 +172,7 @@ def _quantization(opts: ModelOptions, option: str) -> str | None:
 
 def _shared(opts: ModelOptions, rows: int) -> dict:
     return dict(dtype=opts.dtype, trust_remote_code=opts.trust_remote_code, backend=opts.backend,
-                threads=opts.threads, exact_greedy=opts.exact_greedy, max_rows=rows)
+                threads=opts.threads, exact_greedy=opts.exact_greedy, max_rows=rows, huge_pages=opts.huge_pages)
 
 
 def load_target(opts: ModelOptions, rows: int = 1, progress=None):

@@ -74,13 +74,14 @@ class LlamaCppBackend:
     because on x86 llama.cpp repacks most quantized weights into buffers of its own anyway, and the mapping then
     keeps a second, file-backed copy resident (the Qwen 1.5B + 0.5B pair: 2.5 GiB peak RSS mapped, 1.9 GiB
     read). vocab_size: width of the returned logits (the vocabulary shared with the other model), at most the
-    model's n_vocab.
+    model's n_vocab. huge_pages: collapse the memory llama.cpp allocated for the model into transparent huge pages,
+    in a background thread (huge_pages.py: ~8 % faster steps on a 1.5B model here, the same outputs).
     """
 
     def __init__(self, model, *, n_ctx: int = 4096, max_rows: int = 1, n_threads: int | None = None,
                  n_threads_batch: int | None = None, n_batch: int = 512,
                  max_tokens_per_forward: int | None = None, flash_attn: bool = True, use_mmap: bool = False,
-                 repack: bool = True, token_trees: bool = False,
+                 repack: bool = True, token_trees: bool = False, huge_pages: bool = True,
                  vocab_size: int | None = None, name: str | None = None, verbose: bool = False):
         lib = _llama_cpp()
         if max_tokens_per_forward is not None and (isinstance(max_tokens_per_forward, bool)
@@ -90,7 +91,7 @@ class LlamaCppBackend:
         if isinstance(model, (str, os.PathLike)):
             tree_seqs = min(lib.llama_max_parallel_sequences() - max_rows, 32 * max_rows) if token_trees else 0
             self._shared = _open(lib, Path(model), n_ctx, max_rows, n_threads, n_threads_batch, n_batch,
-                                 flash_attn, use_mmap, repack, verbose, tree_seqs)
+                                 flash_attn, use_mmap, repack, verbose, tree_seqs, huge_pages)
             self.name = name or Path(model).name
         elif isinstance(model, lib.Llama):
             self._shared = _Context(lib, model.model, model.ctx, lib.llama_n_ctx_seq(model.ctx), llama=model)
@@ -111,6 +112,12 @@ class LlamaCppBackend:
         self._seqs: list[int] = []
         self._lengths: list[int] = []
         self.reset(1)
+
+    @property
+    def huge_pages(self):
+        """The collapse of this model's memory into huge pages (huge_pages.HugePages): wait() for it, or read its
+        chunks and how many are collapsed."""
+        return self._shared.huge_pages
 
     # ------------------------------------------------------------------ the backend interface
     @property
@@ -498,6 +505,7 @@ def load(source, options):
         keywords["n_threads"] = options.threads
     if options.token_trees:
         keywords.setdefault("token_trees", True)
+    keywords.setdefault("huge_pages", options.huge_pages)
     model = LlamaCppBackend(gguf, name=name, **keywords)
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir)) if tokenizer_dir is not None else None
     if tokenizer is not None and len(tokenizer) < model.n_vocab:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .huge_pages import HugePages, anonymous_regions
+
 _BACKEND_READY = False
 TREE_CELLS = 256  # KV cells per row beyond n_ctx for token trees: a step's nodes (at most K + 1), and held branches
 HELD_CELLS = 192  # the exact mode holds a row's rejected branches in at most this many cells (_Context.hold)
@@ -92,8 +94,10 @@ class _Context:
         self.batch = _Batch(lib, self.n_batch)
         self.owners: dict[int, weakref.ref] = {}  # sequence id -> the backend (main or fork) whose row it is
         self._views: dict[tuple, np.ndarray] = {}  # (address, rows, width) -> a view of llama.cpp's output buffer
+        self.huge_pages = HugePages([])  # the collapse of its memory into huge pages (_open starts it)
+        self.before_free: list = []  # called before llama.cpp frees the context and model
         if llama is None:
-            weakref.finalize(self, _free, lib, ctx, model)
+            weakref.finalize(self, _free, lib, ctx, model, self.before_free)
 
     def acquire(self, owner, n: int) -> list[int]:
         free = [s for s in range(self.n_seq) if s not in self.owners or self.owners[s]() is None]
@@ -203,13 +207,14 @@ class _RunningSequence:
 
 
 def _open(lib, path: Path, n_ctx, max_rows, n_threads, n_threads_batch, n_batch, flash_attn, use_mmap, repack,
-          verbose, tree_seqs: int = 0) -> _Context:
+          verbose, tree_seqs: int = 0, huge_pages: bool = True) -> _Context:
     global _BACKEND_READY
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {path} not found")
     if not 1 <= max_rows <= lib.llama_max_parallel_sequences():
         raise ValueError(f"max_rows must be between 1 and {lib.llama_max_parallel_sequences()} (llama.cpp's limit "
                          f"on sequences), got {max_rows}")
+    before = anonymous_regions() if huge_pages else None
     with _quiet(verbose):
         if not _BACKEND_READY:
             lib.llama_backend_init()
@@ -241,7 +246,11 @@ def _open(lib, path: Path, n_ctx, max_rows, n_threads, n_threads_batch, n_batch,
         lib.llama_model_free(model)
         raise RuntimeError(f"llama.cpp could not create a context of {n_ctx} tokens x {max_rows} rows for {path} "
                            f"(out of memory?): lower n_ctx or max_rows")
-    return _Context(lib, model, ctx, n_ctx, tree_seqs=tree_seqs)
+    shared = _Context(lib, model, ctx, n_ctx, tree_seqs=tree_seqs)
+    if huge_pages:  # the weights, KV cache and buffers llama.cpp just allocated (huge_pages.py)
+        shared.huge_pages = HugePages.since(before)
+        shared.before_free.append(shared.huge_pages.stop)
+    return shared
 
 
 def _end_of_generation_ids(lib, vocab, n_vocab: int) -> set[int]:
@@ -256,6 +265,8 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _free(lib, ctx, model) -> None:
+def _free(lib, ctx, model, before_free: list) -> None:
+    for call in before_free:
+        call()
     lib.llama_free(ctx)
     lib.llama_model_free(model)

@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 
+from ..backends import huge_pages
 from ..bench.methods import DEFAULT_METHODS, METHODS, REGISTRY, default_methods, plain_of
 from ..bench.methods.base import NO_DRAFT
 from ..bench.methods.llamacpp_speculative import LlamaSpeculative
@@ -153,6 +154,7 @@ def bench(
         for t in temperatures:
             SamplingParams(t, top_k, top_p)
         target_model, draft_model = load_pair(opts, quiet=quiet(json_path), rows=batch_size)
+        huge_pages.wait_for(target_model, draft_model)  # time the steady state
         if sanity:
             draft_model = target_model
         turns = _reference_turns(target_model, sessions, max_new_tokens, chat) if sessions is not None else None

@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from ..backends import huge_pages
 from .bench_output import fmt, load_prompt_set, quiet, write_json
 from .common import CLIError, load_pair, out, progress_bar, user_errors
 from .options import ModelOptions, model_options
@@ -44,6 +45,7 @@ def latency(
             raise CLIError("--max-new-tokens and --runs must be >= 1")
         texts = [prompt] if prompt else [p.text for p in load_prompt_set(prompts, None, 1)[0]]
         target_model, draft_model = load_pair(opts, quiet=quiet(json_path))
+        huge_pages.wait_for(target_model, draft_model)  # time the steady state
         [ids] = encode_prompts(target_model.tokenizer, texts[:1], chat)
         units = 1 + len(ks) if draft_model is not None else 1
         with progress_bar(1 + (1 + runs) * units, "latency") as advance:

@@ -72,6 +72,9 @@ def _model_declarations(k_default: str, k_list: bool, draft_default: str = DEFAU
         "exact_greedy": (bool, option(False, "--exact-greedy", help="llama.cpp: verify in forwards of <= 3 tokens "
                                       "so greedy output is token-for-token llama.cpp's own (its kernels for 4+ "
                                       "tokens round differently and can flip a near-tie); slower.")),
+        "huge_pages": (bool, option(True, "--huge-pages/--no-huge-pages", help="llama.cpp: collapse the model's "
+                                    "memory into transparent huge pages in the background (Linux; fewer TLB misses: "
+                                    "~8% faster steps measured on a 1.5B model; the same outputs).")),
         "trust_remote_code": (bool, option(False, "--trust-remote-code", help="Allow a model's own Python code "
                                            "(off by default).")),
         "suffix_history_tokens": (int, option(DEFAULT_SUFFIX_HISTORY_TOKENS, "--suffix-history-tokens",

@@ -111,6 +111,7 @@ class LoadOptions:
     exact_greedy: bool = False
     max_rows: int | None = None
     token_trees: bool = False
+    huge_pages: bool = True
 
     def __post_init__(self):
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)

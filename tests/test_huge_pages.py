@@ -1,0 +1,98 @@
+"""Huge pages under llama.cpp's memory (backends/huge_pages.py): fully resident 2 MiB chunks are collapsed into huge
+pages, sparse ones are left alone (the process must not grow), the bytes never change, and a model's logits are
+bit-identical with and without them."""
+
+import ctypes
+import mmap
+
+import numpy as np
+import pytest
+import torch
+
+from specdecode.backends import huge_pages
+from specdecode.backends.huge_pages import HUGE_PAGE, HugePages, huge_page_bytes
+
+from test_registry import write_tiny_gguf
+
+
+def _buffer(chunks: int):
+    """An anonymous private mapping of `chunks` huge pages, huge-page aligned, as (numpy view, start, end)."""
+    raw = mmap.mmap(-1, (chunks + 1) * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(raw))
+    start = -(-base // HUGE_PAGE) * HUGE_PAGE
+    view = np.frombuffer(raw, dtype=np.uint8)[start - base:start - base + chunks * HUGE_PAGE]
+    return raw, view, start, start + chunks * HUGE_PAGE
+
+
+def _collapses() -> bool:
+    """Whether this kernel collapses memory into huge pages on request (THP on, Linux 6.1+ MADV_COLLAPSE)."""
+    if not huge_pages.available():
+        return False
+    raw, view, start, end = _buffer(1)
+    view[:] = 1
+    pages = HugePages([(start, end)])
+    pages.wait()
+    return pages.collapsed == 1
+
+
+needs_collapse = pytest.mark.skipif(not _collapses(), reason="this kernel does not collapse memory into huge pages "
+                                                              "(THP off, or older than Linux 6.1)")
+
+
+@needs_collapse
+def test_resident_chunks_are_collapsed_and_keep_their_bytes():
+    raw, view, start, end = _buffer(4)
+    view[:] = np.random.default_rng(0).integers(0, 256, len(view), dtype=np.uint8)
+    before = view.copy()
+    assert huge_page_bytes(start, end) == 0
+    pages = HugePages([(start, end)])
+    assert pages.wait(60)
+    assert pages.collapsed == pages.chunks == 4
+    assert huge_page_bytes(start, end) == 4 * HUGE_PAGE
+    assert np.array_equal(view, before)
+
+
+@needs_collapse
+def test_a_chunk_not_all_in_memory_is_left_alone():
+    raw, view, start, end = _buffer(2)
+    view[:HUGE_PAGE] = 7  # the first chunk whole
+    view[HUGE_PAGE:HUGE_PAGE + 4096] = 7  # one page of the second
+    pages = HugePages([(start, end)])
+    pages.wait(60)
+    assert pages.collapsed == 1
+    assert huge_page_bytes(start, end) == HUGE_PAGE
+
+
+def test_nothing_is_done_where_the_kernel_gives_no_huge_pages(monkeypatch, tmp_path):
+    never = tmp_path / "enabled"
+    never.write_text("always madvise [never]\n")
+    monkeypatch.setattr(huge_pages, "THP_ENABLED", never)
+    assert not huge_pages.available()
+    assert HugePages.since({}).chunks == 0
+
+
+@pytest.fixture(scope="module")
+def wide_gguf(tmp_path_factory):
+    # float32 feed-forward matrices of 2 MiB each: llama.cpp reads them into memory of its own (no mmap)
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "wide.gguf", hidden=256, ffn=2048)
+
+
+def _logits(path, huge: bool):
+    from specdecode.backends.llamacpp import LlamaCppBackend
+
+    backend = LlamaCppBackend(path, n_ctx=64, n_threads=1, huge_pages=huge)
+    assert backend.huge_pages.wait(60)
+    backend.reset(1)
+    ids = torch.tensor([[1, 5, 9, 33, 70, 2, 4, 8]])
+    return backend, backend.forward(ids), backend.forward(torch.tensor([[3, 6]]))
+
+
+def test_a_model_in_huge_pages_gives_bit_identical_logits(wide_gguf):
+    pytest.importorskip("llama_cpp")
+    huge, prefill, step = _logits(wide_gguf, True)
+    plain, prefill_plain, step_plain = _logits(wide_gguf, False)
+    assert torch.equal(prefill, prefill_plain) and torch.equal(step, step_plain)
+    assert plain.huge_pages.chunks == 0
+    if _collapses():  # the weights' memory was found and collapsed
+        assert huge.huge_pages.collapsed >= 3
+        assert sum(huge_page_bytes(a, b) for a, b in huge.huge_pages.regions) >= 3 * HUGE_PAGE
