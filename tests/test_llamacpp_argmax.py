@@ -5,6 +5,7 @@ the logits."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -39,10 +40,15 @@ def test_forward_argmax_is_the_argmax_of_forward(tiny_gguf, options):
     logits = backend.forward(new)
     after = backend.lengths
     backend.trim(start)
-    tokens = backend.forward_argmax(new.tolist())
-    assert tokens == greedy(logits).tolist()
+    tokens = backend.forward_argmax(new)
+    assert tokens.dtype == torch.long and tokens.shape == (3, 5)
+    assert tokens.tolist() == greedy(logits).tolist()
     assert backend.lengths == after
-    assert max(max(row) for row in tokens) < backend.vocab_size
+    assert int(tokens.max()) < backend.vocab_size
+    backend.trim(start)  # an array in (what the loop passes), an array out: the same tokens
+    array = backend.forward_argmax(new.numpy())
+    assert isinstance(array, np.ndarray) and array.dtype == np.int64 and array.tolist() == tokens.tolist()
+    assert backend.lengths == after
 
 
 def _count_argmax_calls(backend, monkeypatch) -> list[int]:
@@ -50,7 +56,7 @@ def _count_argmax_calls(backend, monkeypatch) -> list[int]:
     own = backend.forward_argmax
 
     def counted(input_ids):
-        calls.append(len(input_ids[0]))
+        calls.append(input_ids.shape[1])
         return own(input_ids)
 
     monkeypatch.setattr(backend, "forward_argmax", counted)

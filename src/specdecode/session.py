@@ -19,6 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .backends.base import argmax_forward, caches_prefixes, cold_forwards, max_rows, pad, tree_leaves, verifies_trees
@@ -468,11 +469,11 @@ class DecodingSession:
         """One target forward over each row's last token and its drafts, and the exact rule per row: the one place
         where a chain and a token tree differ (a tree's outcome is read back as a chain's, Verified.of_tree)."""
         argmax = argmax_forward(self.target) if drafts.parents is None and self._argmax_only(drafts) else None
-        if argmax is not None:  # greedy rows that need no distribution: token lists in, argmax lists out, no tensor
+        if argmax is not None:  # greedy rows that need no distribution: token ids in, argmaxes out, no tensor built
             lengths = self.target.lengths
             tokens = drafts.tokens.tolist() if drafts.tokens.shape[1] else [[] for _ in self.active]
-            ids = [[r.tokens[-1], *t] for r, t in zip(self.active, tokens)]
-            accepted, next_tokens = accept_greedy_lists(tokens, argmax(ids), drafts.widths)
+            ids = np.array([[r.tokens[-1], *t] for r, t in zip(self.active, tokens)], dtype=np.int64)
+            accepted, next_tokens = accept_greedy_lists(tokens, argmax(ids).tolist(), drafts.widths)
             return Verified(tokens, accepted, next_tokens, None,
                             kept_lengths=[n + 1 + a for n, a in zip(lengths, accepted)])
         last = torch.tensor([[r.tokens[-1]] for r in self.active], dtype=torch.long, device=self.device)

@@ -125,9 +125,9 @@ def cold_forwards(backend) -> int:
 
 
 def argmax_forward(backend):
-    """The backend's forward_argmax(rows) -> the argmax of each new position's logits, as lists (rows: B lists of n
-    token ids, no padding), as greedy(forward(input_ids)) gives it, without handing the logits over (llama.cpp); None
-    for a backend without one."""
+    """The backend's forward_argmax(input_ids) -> the argmax [B, n] of each new position's logits (no padding), as
+    greedy(forward(input_ids)) gives it, without handing the logits over (llama.cpp); a tensor for a tensor, a numpy
+    array for an array (what the loop passes: no tensor built on its greedy path). None for a backend without one."""
     return getattr(backend, "forward_argmax", None)
 
 

@@ -167,12 +167,14 @@ class LlamaCppBackend:
         self._run(input_ids, valid, last_only, output_hidden, take, flat_logits)
         return (logits, hidden) if output_hidden else logits
 
-    def forward_argmax(self, input_ids) -> list[list[int]]:
-        """The argmax of each position's logits that forward(input_ids) would return, read straight off llama.cpp's
-        output buffer, as lists: input_ids are rows of equal length (lists, or an array). A greedy step needs neither
-        the logits nor a tensor: copying 152k floats a position into torch and reducing them there cost ~0.2 ms a
-        step, and each tensor built right after a forward ~20-40 us. Same index as greedy(forward(input_ids))."""
-        ids = np.asarray(input_ids, dtype=np.int64)
+    def forward_argmax(self, input_ids):
+        """The argmax [B, n] of each position's logits that forward(input_ids) would return, read straight off
+        llama.cpp's output buffer, as the kind it was given: a tensor for a tensor (long), a numpy array for an array
+        or lists (int64). A greedy step needs neither the logits nor a tensor: copying 152k floats a position into
+        torch and reducing them there cost ~0.2 ms a step, and each tensor built right after a forward ~20-40 us.
+        Same index as greedy(forward(input_ids))."""
+        tensor = isinstance(input_ids, torch.Tensor)
+        ids = input_ids if tensor else np.asarray(input_ids, dtype=np.int64)
         rows_n, width = ids.shape
         tokens = np.zeros(rows_n * width, dtype=np.int64)
 
@@ -180,7 +182,8 @@ class LlamaCppBackend:
             tokens[where] = np.argmax(rows[:, : self.vocab_size], axis=-1)
 
         self._run(ids, None, False, False, take, None)
-        return tokens.reshape(rows_n, width).tolist()
+        tokens = tokens.reshape(rows_n, width)
+        return torch.from_numpy(tokens) if tensor else tokens
 
     def _run(self, input_ids, valid: torch.Tensor | None, last_only: bool, output_hidden: bool, take,
              flat_logits: np.ndarray | None) -> None:
