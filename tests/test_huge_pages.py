@@ -73,8 +73,10 @@ def test_nothing_is_done_where_the_kernel_gives_no_huge_pages(monkeypatch, tmp_p
 
 @pytest.fixture(scope="module")
 def wide_gguf(tmp_path_factory):
-    # float32 feed-forward matrices of 2 MiB each: llama.cpp reads them into memory of its own (no mmap)
-    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "wide.gguf", hidden=256, ffn=2048)
+    # float32 feed-forward matrices of 8 MiB each, ~50 MiB in all: llama.cpp reads them into a buffer of its own,
+    # which the C library maps afresh (over its 32 MiB limit for reusing freed heap memory), as it does a real
+    # model's; a small one can land in memory the process had already, which is not looked at
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "wide.gguf", hidden=512, ffn=4096)
 
 
 def _logits(path, huge: bool):
@@ -96,3 +98,16 @@ def test_a_model_in_huge_pages_gives_bit_identical_logits(wide_gguf):
     if _collapses():  # the weights' memory was found and collapsed
         assert huge.huge_pages.collapsed >= 3
         assert sum(huge_page_bytes(a, b) for a, b in huge.huge_pages.regions) >= 3 * HUGE_PAGE
+
+
+def test_memory_a_region_grew_by_is_found_and_only_that(monkeypatch):
+    monkeypatch.setattr(huge_pages, "available", lambda: True)
+    before = {(0x10_000_000, 0x10_400_000): 0, (0x20_400_000, 0x20_800_000): 0, (0x30_000_000, 0x30_200_000): 0}
+    now = {(0x10_000_000, 0x10_c00_000): 0,  # grew at its end (the heap)
+           (0x20_000_000, 0x20_800_000): 0,  # a new mapping merged below an old one
+           (0x30_000_000, 0x30_200_000): 0,  # unchanged
+           (0x40_000_000, 0x40_400_000): 0}  # new
+    monkeypatch.setattr(huge_pages, "anonymous_regions", lambda: now)
+    pages = HugePages.since(before)
+    pages.stop()
+    assert pages.regions == [(0x10_400_000, 0x10_c00_000), (0x20_000_000, 0x20_400_000), (0x40_000_000, 0x40_400_000)]

@@ -37,7 +37,7 @@ def available() -> bool:
 
 def anonymous_regions() -> dict[tuple[int, int], int]:
     """(start, end) -> resident bytes of this process's private, writable, anonymous mappings of at least a huge
-    page (from /proc/self/smaps); empty where there is none to read."""
+    page, the heap included (from /proc/self/smaps); empty where there is none to read."""
     regions, current = {}, None
     try:
         lines = Path("/proc/self/smaps").read_text().splitlines()
@@ -47,7 +47,7 @@ def anonymous_regions() -> dict[tuple[int, int], int]:
         head = line.split()
         if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
             low, high = (int(x, 16) for x in head[0].split("-"))
-            anonymous = len(head) == 5 and head[1].startswith("rw") and head[1].endswith("p")
+            anonymous = (len(head) == 5 or head[5] == "[heap]") and head[1].startswith("rw") and head[1].endswith("p")
             current = (low, high) if anonymous and high - low >= HUGE_PAGE else None
         elif current is not None and head and head[0] == "Rss:":
             regions[current] = int(head[1]) * 1024
@@ -82,10 +82,21 @@ class HugePages:
 
     @classmethod
     def since(cls, before: dict[tuple[int, int], int]) -> "HugePages":
-        """For the anonymous regions that appeared since `before` (anonymous_regions())."""
+        """For the anonymous memory mapped since `before` (anonymous_regions()): new regions, and what a region
+        grew by (the heap grows at its end; a new mapping next to an old one can merge into it at either end)."""
         if not available():
             return cls([])
-        return cls([r for r in anonymous_regions() if r not in before])
+        ends = {start: end for start, end in before}
+        starts = {end: start for start, end in before}
+        ranges = []
+        for start, end in anonymous_regions():
+            if start in ends:
+                ranges.append((max(start, ends[start]), end))
+            elif end in starts:
+                ranges.append((start, min(end, starts[end])))
+            else:
+                ranges.append((start, end))
+        return cls([(low, high) for low, high in ranges if high > low])
 
     def wait(self, timeout: float | None = None) -> bool:
         """Whether the collapse is over (after waiting at most timeout seconds)."""
