@@ -106,8 +106,11 @@ def test_memory_a_region_grew_by_is_found_and_only_that(monkeypatch):
     now = {(0x10_000_000, 0x10_c00_000): 0,  # grew at its end (the heap)
            (0x20_000_000, 0x20_800_000): 0,  # a new mapping merged below an old one
            (0x30_000_000, 0x30_200_000): 0,  # unchanged
-           (0x40_000_000, 0x40_400_000): 0}  # new
+           (0x40_000_000, 0x40_400_000): 0,  # new
+           (0x50_000_000, 0x52_000_000): 0}  # unchanged, but as large as a model's buffers (a freed one's place)
+    before[(0x50_000_000, 0x52_000_000)] = 0
     monkeypatch.setattr(huge_pages, "anonymous_regions", lambda: now)
     pages = HugePages.since(before)
     pages.stop()
-    assert pages.regions == [(0x10_400_000, 0x10_c00_000), (0x20_000_000, 0x20_400_000), (0x40_000_000, 0x40_400_000)]
+    assert pages.regions == [(0x10_400_000, 0x10_c00_000), (0x20_000_000, 0x20_400_000), (0x40_000_000, 0x40_400_000),
+                             (0x50_000_000, 0x52_000_000)]

@@ -6,7 +6,8 @@ ones, so a 1 GB model is ~250k pages whose translations the TLB cannot hold. Mea
 Qwen2.5-Coder 1.5B Q4_K_M, 2 threads: llama_decode 22.4 ms a token with the weights collapsed into huge pages
 against 24.3 ms without (medians of 6 interleaved runs; the outputs are bit-identical: only the page size changes).
 
-After a model loads, the anonymous regions it added (weights, KV cache, compute buffers) are marked MADV_HUGEPAGE and
+After a model loads, the anonymous memory it added (weights, KV cache, compute buffers; and any anonymous region of
+32 MiB or more, since a buffer mapped where a freed one was shows no change) is marked MADV_HUGEPAGE and
 collapsed in place with MADV_COLLAPSE (Linux 6.1+), 2 MiB at a time, in a background thread at the lowest CPU
 priority: copying ~1.2 GB into huge pages takes 1.5-3 s of CPU, which a one-off generation should not wait for, and
 decoding speeds up as chunks are done. Only chunks whose every page is resident are collapsed (mincore): a huge
@@ -25,6 +26,7 @@ HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+LARGE = 32 << 20  # the C library maps a buffer this large afresh (glibc's largest mmap threshold): a model's are
 
 
 def available() -> bool:
@@ -83,7 +85,9 @@ class HugePages:
     @classmethod
     def since(cls, before: dict[tuple[int, int], int]) -> "HugePages":
         """For the anonymous memory mapped since `before` (anonymous_regions()): new regions, and what a region
-        grew by (the heap grows at its end; a new mapping next to an old one can merge into it at either end)."""
+        grew by (the heap grows at its end; a new mapping next to an old one can merge into it at either end); and
+        every region of at least LARGE bytes, where a model's buffers always are: a buffer mapped where a freed one
+        was looks like no change at all."""
         if not available():
             return cls([])
         ends = {start: end for start, end in before}
@@ -96,7 +100,8 @@ class HugePages:
                 ranges.append((start, min(end, starts[end])))
             else:
                 ranges.append((start, end))
-        return cls([(low, high) for low, high in ranges if high > low])
+        ranges += [(start, end) for start, end in anonymous_regions() if end - start >= LARGE]
+        return cls(_merged([(low, high) for low, high in ranges if high > low]))
 
     def wait(self, timeout: float | None = None) -> bool:
         """Whether the collapse is over (after waiting at most timeout seconds)."""
@@ -138,6 +143,17 @@ def _libc():
     madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
     mincore.argtypes, mincore.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p], ctypes.c_int
     return madvise, mincore
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ranges sorted, overlapping ones joined."""
+    out: list[list[int]] = []
+    for low, high in sorted(ranges):
+        if out and low <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], high)
+        else:
+            out.append([low, high])
+    return [(low, high) for low, high in out]
 
 
 def _up(address: int) -> int:
