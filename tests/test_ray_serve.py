@@ -5,6 +5,8 @@ OpenAI-shaped 4xx; the throughput of 2 replicas against 1 is measured (printed).
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import httpx
@@ -92,7 +94,7 @@ async def _post_all(url: str, bodies: list[dict], retries: int = 0) -> list[tupl
         return await asyncio.gather(*(one(b) for b in bodies))
 
 
-async def _busy_replica(replicas, at_least: int = 2, within: float = 20.0):
+async def _busy_replica(replicas, at_least: int = 3, within: float = 20.0):
     """The first replica seen with requests in flight (Ray Serve's replica actor counts them): a kill after a fixed
     sleep once hit a replica that had none yet, and then no request needed a retry."""
     deadline = time.monotonic() + within
@@ -135,7 +137,11 @@ def test_two_replicas_serve_exactly_and_survive_a_killed_replica(ray_url, tiny_m
                     for a in ray.util.list_named_actors(all_namespaces=True)
                     if a["name"].startswith("SERVE_REPLICA::specdecode#specdecode#")]  # not the ingress
         assert len(replicas) == 2
+        pids = [await replica.__ray_call__.remote(lambda self: os.getpid()) for replica in replicas]
         victim = await _busy_replica(replicas)
+        # frozen first: the requests it holds cannot finish while the kill is on its way (under load one run's kill
+        # landed after they had all been answered, and nothing was left to send again)
+        os.kill(pids[replicas.index(victim)], signal.SIGSTOP)
         ray.kill(victim, no_restart=True)
         return await asyncio.wait_for(task, 110)
 
