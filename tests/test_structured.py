@@ -15,6 +15,7 @@ import torch
 from reference import assert_matches, hf_warp
 from specdecode import AutoregressiveGenerator, PromptLookupDrafter, SpeculativeGenerator
 from specdecode.constraints import ConstraintError, ConstraintSpec, GrammarCompiler
+from specdecode.drafters.base import Drafter, Proposal
 
 SAMPLES = 3000
 MIN_P = 1e-4
@@ -174,3 +175,59 @@ def test_the_additive_mask_warps_exactly_like_masked_fill(top_k, top_p):
         full = sampling.scores(logits, form)
         assert torch.equal(full[1], logits[1].masked_fill(~mask[1], ninf)) and torch.equal(full[[0, 2]], expected)
     assert bool(empty.any()) == (top_k > 0 or top_p < 1)
+
+
+class ForbiddenDrafter(Drafter):
+    """Drafts one fixed token everywhere: under a digits-only regex every draft is cut before the verification."""
+
+    def __init__(self, token: int):
+        self.token, self.rows = token, 0
+
+    def prefill(self, input_ids, valid, hidden=None):
+        self.rows = input_ids.shape[0]
+
+    def max_drafts(self, k):
+        return [k] * self.rows
+
+    def propose(self, k, context, uniforms, num_drafts):
+        return Proposal(torch.full((self.rows, k), self.token, dtype=torch.long))
+
+    def update(self, emitted, kept, hidden=None):
+        pass
+
+    def select_rows(self, rows):
+        self.rows = len(rows)
+
+    def fork(self, batch_size):
+        return ForbiddenDrafter(self.token)
+
+    def merge(self, other):
+        self.rows += other.rows
+
+
+def test_drafts_a_grammar_forbids_are_not_run_through_the_target(models, tokenizer, prompt, monkeypatch):
+    """A draft the row's grammar forbids cannot be kept, so the step's forward stops before it: with every draft
+    forbidden each decode step is a one-token forward (it was K + 1 tokens wide, at K + 1 tokens' cost), and the
+    answers are the plain decoder's (greedy) and valid (sampled)."""
+    target, _ = models
+    widths = []
+    forward = target.forward
+
+    def recorded(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        widths.append(ids.shape[1])
+        return forward(*args, **kwargs)
+
+    regex = "[0-9]{12}"
+    plain = AutoregressiveGenerator(target, tokenizer=tokenizer).generate([prompt], max_new_tokens=12,
+                                                                          temperature=0.0, regex=regex)
+    letter = tokenizer("z", add_special_tokens=False)["input_ids"][0]
+    gen = SpeculativeGenerator(target, ForbiddenDrafter(letter), num_speculative_tokens=3, tokenizer=tokenizer)
+    monkeypatch.setattr(target, "forward", recorded)
+    greedy = gen.generate([prompt], max_new_tokens=12, temperature=0.0, regex=regex)
+    assert greedy.token_ids == plain.token_ids and greedy.stats.accepted_tokens == 0
+    assert len(widths) > 5 and widths[1:] == [1] * (len(widths) - 1), widths  # after the prompt's forward
+    widths.clear()
+    sampled = gen.generate([prompt] * 3, max_new_tokens=12, temperature=1.0, seed=4, regex=regex)
+    assert all(text.isdigit() and len(text) == 12 for text in sampled.texts), sampled.texts
+    assert widths[1:] == [1] * (len(widths) - 1), widths

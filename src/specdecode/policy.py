@@ -24,7 +24,8 @@ plainly where it is short, step by step, instead of following a row average that
 of the context (the drafts are deterministic), so K stays a function of what is known before the step.
 
 Plain steps and probes. When no K pays the policy decodes plainly (it stops speculating only when plain steps
-look 5 % faster, so a noisy dip in the estimates does not stop it) and probes, with the K most likely to pay,
+look 5 % faster, so a noisy dip in the estimates does not stop it; that margin holds only while the draft classes
+are the last speculating step's: a short match after a long one is another bet, judged on its own) and probes, with the K most likely to pay,
 after 8 plain steps; each failed probe doubles the wait (16, 32, ... 256), so probes cost well under 1 % in the
 long run. A probe that beat a plain step is evidence the text has changed: the old evidence is cut to 30 % and
 the probe is repeated at once, so a draft that agrees again gets speculation back within a few steps of the
@@ -443,7 +444,7 @@ class AdaptivePolicy(Policy):
         super().__init__(max_k, decay)
         self.probe_forget = probe_forget
         self.margin = margin
-        self._speculating = False
+        self._speculating = None  # the rows' draft classes when the last step chose to speculate (None: it did not)
         self._plain_run, self._wait, self._probing = 0, PROBE_FIRST, False
         self._plain_time = 0.0  # seconds of plain steps since the last trial (probe or exploration)
         self._since_plain = 0  # steps since the last plain one
@@ -469,11 +470,14 @@ class AdaptivePolicy(Policy):
         tokens = [sum(g[min(k, cap)] for g, cap in zip(gains, caps)) for k in range(top + 1)]
         rates = [tokens[k] / self.step_time(k, batch) for k in range(top + 1)]
         best = max(range(top + 1), key=rates.__getitem__)  # ties go to the smaller K
-        if best == 0 and self._speculating and max(rates[1:]) * (1 + self.margin) > rates[0]:
-            best = max(range(1, top + 1), key=rates.__getitem__)  # hysteresis: a noisy dip must not stop it
+        classes = tuple(getattr(row, "draft_class", None) for row in rows)
+        if best == 0 and self._speculating == classes and max(rates[1:]) * (1 + self.margin) > rates[0]:
+            # hysteresis: a noisy dip must not stop it; only for the same classes (a short match after a long one is
+            # a different bet, not a dip in the same one)
+            best = max(range(1, top + 1), key=rates.__getitem__)
         if best > 0 and not self._repays_catch_up(rows, rates[0], rates[best]):
             best = 0
-        self._speculating = best > 0
+        self._speculating = classes if best > 0 else None
         if best == 0 and not self._recheck and self._never_pays(top, batch):  # before exploring: no K could pay
             self._settled, self._plain_run = SETTLED_STEPS, 0
             self._settled_at = (batch, self.verify_cost(1, batch))

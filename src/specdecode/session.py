@@ -451,6 +451,10 @@ class DecodingSession:
         masks, widths = None, plan.widths
         if self.batch.grammars.any:
             masks, widths = self.batch.grammars.verify_masks(tokens.tolist(), widths)
+            width = max(widths, default=0)
+            if width < tokens.shape[1]:  # the grammar cut every row short: no forward over drafts none can keep
+                tokens, masks = tokens[:, :width], masks[:, :width + 1]
+                q = None if q is None else q[:, :width]
         return Drafts(tokens, q, proposal.parents, masks, widths, proposal)
 
     def _ask_drafter(self, plan: StepPlan) -> Proposal:
@@ -482,8 +486,9 @@ class DecodingSession:
             lengths = self.target.lengths
             logits, hidden = _forward(self.target, ids, None, self.hidden_wanted)
             scores = sampling.scores(logits, drafts.masks)
+            noise = None if plan.noise is None else plan.noise[:, : ids.shape[1]]  # the positions verified
             num_accepted, next_token = verify_rows(drafts.tokens, drafts.q, scores, sampling, plan.u_verify,
-                                                   drafts.widths, self.gen.method, plan.noise)
+                                                   drafts.widths, self.gen.method, noise)
             accepted = num_accepted.tolist()  # the one sync
             # Row b's cache took its last token and all the drafts: it keeps the last token and the accepted ones.
             return Verified(drafts.tokens.tolist(), accepted, next_token.tolist(), scores, hidden=hidden,
