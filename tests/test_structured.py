@@ -16,6 +16,7 @@ from reference import assert_matches, hf_warp
 from specdecode import AutoregressiveGenerator, PromptLookupDrafter, SpeculativeGenerator
 from specdecode.constraints import ConstraintError, ConstraintSpec, GrammarCompiler
 from specdecode.drafters.base import Drafter, Proposal
+from specdecode.policy import AdaptivePolicy
 
 SAMPLES = 3000
 MIN_P = 1e-4
@@ -178,10 +179,11 @@ def test_the_additive_mask_warps_exactly_like_masked_fill(top_k, top_p):
 
 
 class ForbiddenDrafter(Drafter):
-    """Drafts one fixed token everywhere: under a digits-only regex every draft is cut before the verification."""
+    """Drafts one fixed token everywhere (after `first`, if given): under a digits-only regex every draft from the
+    fixed token on is cut before the verification."""
 
-    def __init__(self, token: int):
-        self.token, self.rows = token, 0
+    def __init__(self, token: int, first: int | None = None):
+        self.token, self.first, self.rows = token, first, 0
 
     def prefill(self, input_ids, valid, hidden=None):
         self.rows = input_ids.shape[0]
@@ -190,7 +192,10 @@ class ForbiddenDrafter(Drafter):
         return [k] * self.rows
 
     def propose(self, k, context, uniforms, num_drafts):
-        return Proposal(torch.full((self.rows, k), self.token, dtype=torch.long))
+        tokens = torch.full((self.rows, k), self.token, dtype=torch.long)
+        if self.first is not None:
+            tokens[:, 0] = self.first
+        return Proposal(tokens)
 
     def update(self, emitted, kept, hidden=None):
         pass
@@ -199,7 +204,7 @@ class ForbiddenDrafter(Drafter):
         self.rows = len(rows)
 
     def fork(self, batch_size):
-        return ForbiddenDrafter(self.token)
+        return ForbiddenDrafter(self.token, self.first)
 
     def merge(self, other):
         self.rows += other.rows
@@ -231,3 +236,32 @@ def test_drafts_a_grammar_forbids_are_not_run_through_the_target(models, tokeniz
     sampled = gen.generate([prompt] * 3, max_new_tokens=12, temperature=1.0, seed=4, regex=regex)
     assert all(text.isdigit() and len(text) == 12 for text in sampled.texts), sampled.texts
     assert widths[1:] == [1] * (len(widths) - 1), widths
+
+
+class AlwaysThree(AdaptivePolicy):
+    """An adaptive policy (so seeded sampled rows are coupled) that always asks for 3 drafts."""
+
+    def choose(self, rows, caps):
+        self.trial = False
+        return min(3, self._remember(rows, caps))
+
+
+def test_cut_drafts_leave_coupled_rows_a_function_of_their_seed(models, tokenizer, prompt):
+    """Under an adaptive policy seeded sampled rows draw by Gumbel coupling: their text depends on the seed alone,
+    whatever K. Drafts the grammar cuts (a narrower forward, so fewer positions of noise read) keep it so: the same
+    seeds give the same answers with a draft model whose drafts the grammar masks, and with 3 drafts cut after 0 or
+    1 of them."""
+    target, draft = models
+    regex = "[0-9]{12}"
+    letter = tokenizer("z", add_special_tokens=False)["input_ids"][0]
+    digit = tokenizer("7", add_special_tokens=False)["input_ids"][0]
+    kwargs = dict(max_new_tokens=12, temperature=1.0, seed=[7, 8, 9], regex=regex)
+    masked = SpeculativeGenerator(target, draft, num_speculative_tokens="auto", tokenizer=tokenizer)
+    expected = masked.generate([prompt] * 3, **kwargs).token_ids
+    for first in (None, digit):
+        cut = SpeculativeGenerator(target, ForbiddenDrafter(letter, first), num_speculative_tokens="auto",
+                                   tokenizer=tokenizer)
+        cut.policy = AlwaysThree(8)
+        assert cut.generate([prompt] * 3, **kwargs).token_ids == expected
+        verified = cut.policy.summary()["k_histogram"]  # the widths the grammar left of the 3 drafts
+        assert max(verified) == (0 if first is None else 1) and sum(verified.values()) >= 10, verified
