@@ -23,13 +23,13 @@ match length bucketed). Where a row's draft has a class, its acceptance is learn
 plainly where it is short, step by step, instead of following a row average that mixes both. A class is a function
 of the context (the drafts are deterministic), so K stays a function of what is known before the step.
 
-Plain steps and probes. When no K pays the policy decodes plainly (it stops speculating only when plain steps
-look 5 % faster, so a noisy dip in the estimates does not stop it; that margin holds only while the draft classes
-are the last speculating step's: a short match after a long one is another bet, judged on its own) and probes, with the K most likely to pay,
-after 8 plain steps; each failed probe doubles the wait (16, 32, ... 256), so probes cost well under 1 % in the
-long run. A probe that beat a plain step is evidence the text has changed: the old evidence is cut to 30 % and
-the probe is repeated at once, so a draft that agrees again gets speculation back within a few steps of the
-next probe; as soon as the estimates say a K pays the wait is reset to 8.
+Plain steps and probes. When no K pays the policy decodes plainly (it stops speculating only when plain steps look
+5 % faster, so a noisy dip in the estimates does not stop it; that margin holds only while the draft classes are the
+last speculating step's: a short match after a long one is another bet, judged on its own) and probes, with the K
+most likely to pay, after 8 plain steps; each failed probe doubles the wait (16, 32, ... 256), so probes cost well
+under 1 % in the long run. A probe that beat a plain step is evidence the text has changed: the old evidence is cut
+to 30 % and the probe is repeated at once, so a draft that agrees again gets speculation back within a few steps of
+the next probe; as soon as the estimates say a K pays the wait is reset to 8.
 
 Settling. Where even full acceptance cannot beat plain decoding at the measured costs (max over K of
 (K + 1) / (K c + v(K + 1)) <= 1, v extrapolated along its measured slope beyond the timed n), no text can make a
