@@ -92,15 +92,15 @@ class HugePages:
             return cls([])
         ends = {start: end for start, end in before}
         starts = {end: start for start, end in before}
-        ranges = []
-        for start, end in anonymous_regions():
+        ranges, now = [], anonymous_regions()  # one reading of the map: two could see different processes
+        for start, end in now:
             if start in ends:
                 ranges.append((max(start, ends[start]), end))
             elif end in starts:
                 ranges.append((start, min(end, starts[end])))
             else:
                 ranges.append((start, end))
-        ranges += [(start, end) for start, end in anonymous_regions() if end - start >= LARGE]
+        ranges += [(start, end) for start, end in now if end - start >= LARGE]
         return cls(_merged([(low, high) for low, high in ranges if high > low]))
 
     def wait(self, timeout: float | None = None) -> bool:
