@@ -124,6 +124,22 @@ def _deploy(tiny_model_dirs, url: str, replicas: int, routing: str) -> None:
             return False
 
     assert wait_until(healthy, 60, 0.2)
+    # Ray reports the application ready before the ingress's router has heard of every replica: turns sent then all
+    # go to the one it knows, and stay with their cache there (by design; see the test above). Each metrics scrape
+    # asks the router, which takes the live replicas; wait until it names them all.
+    assert wait_until(lambda: len(_replicas_scraped(url)) == replicas, 60, 0.2)
+
+
+def _replicas_scraped(url: str) -> set:
+    """The replicas whose metrics the ingress's /metrics holds (those its router knows as live)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return set()
+    return {s.labels["replica"] for f in text_string_to_metric_families(text) for s in f.samples
+            if "replica" in s.labels and not s.name.startswith("specdecode_rout")}
 
 
 def _chats(url: str, turns: range, conversations: int = 6, history: dict | None = None) -> dict:
