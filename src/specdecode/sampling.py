@@ -1,7 +1,9 @@
 """Sampling parameters and the one function that turns logits into the distribution we sample from.
 
 The same function makes the target's p and the draft's q: speculative decoding is lossless only if both
-are warped identically (temperature, then top-k, then top-p, as transformers' logits warpers do).
+are warped identically (temperature, then top-k, then top-p, then min-p, as transformers' logits warpers do). The
+options that depend on the text so far (logit_bias, repetition, frequency and presence penalties) adjust the logits
+before that warping, along each position's own path (penalties.py).
 """
 
 from __future__ import annotations
@@ -24,24 +26,70 @@ class SamplingParams:
     temperature: float = 1.0  # 0 (or below GREEDY_EPS, stored as 0.0) means greedy decoding
     top_k: int = 0  # 0 disables
     top_p: float = 1.0  # 1.0 disables
+    min_p: float = 0.0  # 0 disables: drop tokens below min_p x the top probability (after top-p)
+    presence_penalty: float = 0.0  # subtracted once from each token the output holds
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # divides positive, multiplies negative logits of prompt + output tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its raw logit); a dict is accepted
 
     def __post_init__(self):
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) \
-                or self.temperature < 0:
+        if not _number(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 disables top-k), got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+        if not _number(self.top_p) or not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1] (1.0 disables top-p), got {self.top_p!r}")
+        if not _number(self.min_p) or not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1] (0 disables min-p), got {self.min_p!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _number(value) or not -PENALTY_LIMIT <= value <= PENALTY_LIMIT:
+                raise ValueError(f"{name} must be a number in [-{PENALTY_LIMIT:g}, {PENALTY_LIMIT:g}] (0 disables), "
+                                 f"got {value!r}")
+        if not _number(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be a number > 0 (1 disables; above 1 discourages repeats), "
+                             f"got {self.repetition_penalty!r}")
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
         object.__setattr__(self, "temperature", 0.0 if self.temperature < GREEDY_EPS else float(self.temperature))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether a logit_bias or a penalty changes the logits before the warping (penalties.py)."""
+        return bool(self.logit_bias) or self.presence_penalty != 0 or self.frequency_penalty != 0 \
+            or self.repetition_penalty != 1
+
+
+PENALTY_LIMIT = 2.0  # presence and frequency penalties: OpenAI's range, [-2, 2]
+BIAS_LIMIT = 100.0  # a logit_bias value: OpenAI's range, [-100, 100]
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _logit_bias(bias) -> tuple[tuple[int, float], ...]:
+    """A logit_bias (mapping or pairs of token id -> value) as sorted (id, value) pairs, checked. Whether the ids
+    are in the model's vocabulary is checked where the vocabulary is known (engine.SpeculativeGenerator.request)."""
+    pairs = list(bias.items()) if hasattr(bias, "items") else list(bias or ())
+    out = {}
+    for pair in pairs:
+        token, value = pair if isinstance(pair, (tuple, list)) and len(pair) == 2 else (pair, None)
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+        if not _number(value) or not -BIAS_LIMIT <= value <= BIAS_LIMIT:
+            raise ValueError(f"logit_bias values must be numbers in [-{BIAS_LIMIT:g}, {BIAS_LIMIT:g}], got {value!r} "
+                             f"for token {token}")
+        out[token] = float(value)
+    return tuple(sorted(out.items()))
+
 
 def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, then top-k, then top-p, with transformers' semantics (min_tokens_to_keep=1).
+    """Temperature, then top-k, then top-p, then min-p, with transformers' semantics (min_tokens_to_keep=1); a
+    row's logit_bias and penalties need the text before each position and are not applied here (penalties.py).
 
     Removed entries become -inf. Works on any leading shape [..., V]; returns float32. One row of BatchSampling.warp,
     so the per-row batched path and this one cannot drift apart.
@@ -117,6 +165,8 @@ class BatchSampling:
         self.any_top_k = any(k > 0 for k in self.top_k)
         self.any_top_p = any(p.top_p < 1.0 for p in sampled)
         self.any_temperature = any(p.temperature != 1.0 for p in sampled)
+        self.min_p = torch.tensor([p.min_p for p in sampled], dtype=torch.float32, device=self.device)
+        self.any_min_p = any(p.min_p > 0 for p in sampled)
         self._frozen = True
 
     def __setattr__(self, name, value):
@@ -133,14 +183,17 @@ class BatchSampling:
     def extend(self, other: "BatchSampling") -> "BatchSampling":
         return BatchSampling(self.params + other.params, self.device, self.coupled + other.coupled)
 
-    def warp(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def warp(self, logits: torch.Tensor, mask: torch.Tensor | None = None, path=None) -> torch.Tensor:
         """Warped scores [S, ..., V] of the sampled rows (logits [B, ..., V] of all rows); float32.
 
         Exactly `warp_logits` applied row by row with each row's own settings. mask [B, ..., V] (a grammar's allowed
         tokens: bool, or its additive form, see `additive`) is applied after the warping: the constrained
         distribution is normalise(p * mask). Where the warping left no allowed token (top-k/top-p cut them all) the
         row falls back to warping the masked logits, the only distribution left that respects the grammar; p and q
-        go through this same function."""
+        go through this same function. path (penalties.PathPenalties, None when no row has a logit_bias or a
+        penalty): the text before each position, whose options adjust the logits first."""
+        if path is not None:
+            logits = path.apply(logits)
         scores = self._warp(logits)
         if mask is None:
             return scores
@@ -164,8 +217,11 @@ class BatchSampling:
             return mask
         return mask.float().reciprocal_().sub_(1.0).neg_()
 
-    def masked(self, logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """logits (as float32) with what the grammar forbids at -inf; what greedy rows take the argmax of."""
+    def masked(self, logits: torch.Tensor, mask: torch.Tensor | None, path=None) -> torch.Tensor:
+        """logits (as float32) with what the grammar forbids at -inf; what greedy rows take the argmax of (after
+        their logit_bias and penalties along path, when given)."""
+        if path is not None:
+            logits = path.apply(logits)
         return logits if mask is None else logits.float() + self.additive(mask)
 
     def _warp(self, logits: torch.Tensor) -> torch.Tensor:
@@ -190,15 +246,22 @@ class BatchSampling:
             remove_sorted &= (self.top_p < 1.0).view(-1, *extra)
             remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
             scores = scores.masked_fill(remove, float("-inf"))
+        if self.any_min_p:  # after top-p, as transformers' MinPLogitsWarper; the top token always stays
+            probs = scores.softmax(dim=-1)
+            floor = probs.amax(dim=-1, keepdim=True) * self.min_p.view(-1, *extra)
+            scores = scores.masked_fill(probs < floor, float("-inf"))
         return scores
 
-    def probs(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def probs(self, logits: torch.Tensor, mask: torch.Tensor | None = None, path=None) -> torch.Tensor:
         """The distribution each sampled row draws from: [S, ..., V]."""
-        return torch.softmax(self.warp(logits, mask), dim=-1)
+        return torch.softmax(self.warp(logits, mask, path), dim=-1)
 
-    def scores(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def scores(self, logits: torch.Tensor, mask: torch.Tensor | None = None, path=None) -> torch.Tensor:
         """[B, ..., V] scores whose softmax is what each row draws from (its argmax for greedy rows): greedy rows'
-        logits as they are, sampled rows' warped; both masked by the grammar. Verification and logprobs read these."""
+        logits as they are, sampled rows' warped; both masked by the grammar, both after the rows' logit_bias and
+        penalties along path (when given). Verification and logprobs read these."""
+        if path is not None:
+            logits = path.apply(logits)
         if self.all_greedy:
             return self.masked(logits, mask)
         sampled = self.warp(logits, mask)

@@ -50,6 +50,7 @@ class DraftContext:
     sampling: BatchSampling  # [B] the rows' sampling settings
     noise: torch.Tensor | None = None  # [C, K+1, V] float64: the coupled rows' Gumbel noise for this step's positions
     grammars: object | None = None  # row_grammars.RowGrammars [B] when some row is constrained, else None
+    penalties: object | None = None  # penalties.RowPenalties [B] when some row has a logit_bias or penalty, else None
 
     @property
     def greedy_rows(self) -> list[bool]:
@@ -67,6 +68,13 @@ class DraftContext:
         """[B, V] bool: the tokens the rows' grammars allow at draft position i after the drafts before it
         (previous [B]: the tokens drafted at position i - 1); None when no row is constrained."""
         return None if self.grammars is None else self.grammars.draft_mask(i, previous)
+
+    def penalized(self, logits: torch.Tensor, drafted: list[torch.Tensor]) -> torch.Tensor:
+        """logits [B, V] at the draft position after this step's drafts `drafted` ([B] each, in order), adjusted by
+        each row's logit_bias and penalties along its own drafts, as the target's p at that position is (the logits
+        themselves when no row has one). A drafter calls it on its logits before masked() and probs()."""
+        path = None if self.penalties is None else self.penalties.at_draft(drafted)
+        return logits if path is None else path.apply(logits)
 
     def masked(self, logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """What greedy rows take the argmax of: the logits with what the grammar forbids at -inf."""
@@ -126,7 +134,8 @@ class Drafter:
         """k draft tokens per row. Sampled rows draw with uniforms [B, k] (row b's own random numbers for its first
         num_drafts[b] drafts; drafts past those are ignored and must not use randomness); greedy rows take the
         argmax; coupled rows draw argmax(log q + noise) (`context.couple_drafts`). Under a grammar the masks are
-        `context.draft_mask(i, previous)` and the distributions `context.probs(logits, mask)`, as the target's."""
+        `context.draft_mask(i, previous)` and the distributions `context.probs(logits, mask)`, as the target's; a
+        drafter that draws from its logits first passes them through `context.penalized(logits, drafts so far)`."""
         raise NotImplementedError
 
     def update(self, emitted: list[list[int]], kept: list[int], hidden=None) -> None:

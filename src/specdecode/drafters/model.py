@@ -143,7 +143,8 @@ class ModelDrafter(Drafter):
         tokens, probs, token, first = [], [], None, None
         sampled = context.sampled_index
         for i in range(k - siblings):
-            logits = self.backend.forward(ids, valid, last_only=True)[:, -1]
+            # the rows' logit_bias and penalties along their own drafts (q sees what p will see at this position)
+            logits = context.penalized(self.backend.forward(ids, valid, last_only=True)[:, -1], tokens)
             self.forward_calls += 1
             mask = context.draft_mask(i, token)  # the rows' grammars, followed along their own drafts
             token = greedy(context.masked(logits, mask))  # additive mask: branch-free
