@@ -1,5 +1,6 @@
 """A running batch: rows join between steps (their prompts prefilled beside the running rows), every step verifies
 each row's proposal in one target forward, and rows leave when they finish (continuous batching).
+Rows join through admission.py (the Admission half of the session); what each row holds is row_batch.py's Row.
 
 One step, in the order of the paper, with one value handed from each phase to the next:
 
@@ -17,95 +18,25 @@ from __future__ import annotations
 import functools
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .backends.base import argmax_forward, caches_prefixes, cold_forwards, max_rows, pad, tree_leaves, verifies_trees
-from .row_grammars import RowGrammars, with_forced
+from .admission import Admission, Staging
+from .backends.base import (argmax_forward, caches_prefixes, cold_forwards, logits_and_hidden, max_rows, tree_leaves,
+                            verifies_trees)
 from .detokenize import IncrementalDetokenizer, find_stop
 from .drafters import DraftContext, ModelDrafter, Proposal
 from .policy import Outcome, Outlook
 from .rejection import accept_greedy_lists
-from .results import GenerationResult, RowStats, Stats, TokenEvent
-from .sampling import BatchSampling, RowGenerators
+from .results import GenerationResult, Stats, TokenEvent
+from .row_batch import Row, RowBatch
+from .row_grammars import with_forced
+from .sampling import BatchSampling
 from .verification import Verified, token_logprobs, verify_rows, verify_tree_rows
 
 MAX_FORCED = 16  # tokens of a forced run verified in one forward (a longer run continues next step)
-
-
-@dataclass
-class Row:
-    """Host-side state of one row of the batch."""
-
-    index: int
-    request: object  # engine.Request
-    detok: IncrementalDetokenizer | None
-    coupled: bool  # drawn by Gumbel-max coupling: a seeded sampled row whose K the policy picks
-    policy_state: object
-    matcher: object | None  # the row's grammar state (constraints.Matcher), None when free
-    tokens: list[int] = field(default_factory=list)
-    provenance: list[str] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[tuple] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_at: int | None = None  # where a stop string begins in the row's text
-    stats: RowStats = field(default_factory=RowStats)
-
-    @property
-    def fixed_k(self) -> int | None:
-        return self.request.num_speculative_tokens
-
-    @property
-    def remaining(self) -> int:
-        return self.request.max_new_tokens - len(self.tokens)
-
-
-@dataclass(frozen=True)
-class RowBatch:
-    """Everything the running batch holds per row on the host, in row order; select and extend return a new batch
-    (the models' caches hold the same rows in the same order: the session moves them together)."""
-
-    rows: list[Row]  # [B]
-    sampling: BatchSampling  # [B] the rows' sampling settings
-    generators: RowGenerators  # [B] the rows' random streams
-    grammars: RowGrammars  # [B] the rows' grammar states (None for a free row)
-
-    @classmethod
-    def of(cls, rows: list[Row], vocab_size: int, device) -> "RowBatch":
-        coupled = [r.coupled for r in rows]
-        return cls(rows, BatchSampling([r.request.params for r in rows], device, coupled),
-                   RowGenerators([r.request.seed for r in rows], device, coupled, [r.request.seed_index for r in rows]),
-                   RowGrammars([r.matcher for r in rows], vocab_size, device))
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def select(self, keep: list[int]) -> "RowBatch":
-        return RowBatch([self.rows[i] for i in keep], self.sampling.select(keep), self.generators.select(keep),
-                        self.grammars.select(keep))
-
-    def extend(self, other: "RowBatch") -> "RowBatch":
-        return RowBatch(self.rows + other.rows, self.sampling.extend(other.sampling),
-                        self.generators.extend(other.generators), self.grammars.extend(other.grammars))
-
-
-@dataclass
-class Staging:
-    """Rows whose prompts are being prefilled, a chunk per step, in a fork of the target."""
-
-    rows: list[Row]  # [R] the rows prefilled: one per distinct prompt
-    fork: object  # the target's fork holding their KV so far
-    ids: torch.Tensor  # [R, L] what is left of each prompt after its cached prefix, left-padded
-    valid: torch.Tensor | None  # [R, L] False at padding; None: nothing padded
-    copies: list[tuple[Row, int]]  # rows whose prompt rows[i] has: (row, i); they copy its KV when it is done
-    copies_fork: object | None  # the target's rows reserved for the copies (None: no copies)
-    column: int = 0  # the next column of ids to prefill
-
-    @property
-    def size(self) -> int:
-        return len(self.rows) + len(self.copies)
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass costs ~3 us more to build, every step
@@ -133,7 +64,7 @@ class Drafts:
     proposal: Proposal  # the drafter's own, for its costs (catch_up_s, clean, free)
 
 
-class DecodingSession:
+class DecodingSession(Admission):
     """One running batch on a generator's models: rows join between steps and leave when they finish.
 
     add() queues a request; each step() first prefills queued prompts (at most prefill_tokens_per_step prompt
@@ -245,144 +176,6 @@ class DecodingSession:
         self.stats.wall_time_s = time.perf_counter() - self._started
         return events
 
-    # ------------------------------------------------------------------ joining
-    def _admit(self) -> list[TokenEvent]:
-        """Prefill queued prompts (a chunk per step) beside the running rows; merge those that are done."""
-        for row in list(self.waiting):
-            if row.index in self.cancelled:
-                self.waiting.remove(row)
-                row.finish_reason = "cancelled"
-        room = len(self.waiting) if self.max_batch is None else self.max_batch - len(self.active)
-        if self._staging is None and self.waiting and room > 0:
-            rows = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
-            self._staging = self._stage(rows)
-        staging = self._staging
-        if staging is None:
-            return []
-        start = time.perf_counter()
-        col, ids = staging.column, staging.ids
-        end = col + self._prefill_columns(ids.shape[1] - col, len(staging.rows),
-                                          staging.rows[0].stats.cached_tokens + col)
-        chunk_valid = staging.valid[:, col:end] if staging.valid is not None else None
-        logits, hidden = _forward(staging.fork, ids[:, col:end], chunk_valid, self.hidden_wanted, last_only=True)
-        self.stats.target_forward_calls += 1
-        events = []
-        if end < ids.shape[1]:
-            staging.column = end
-        else:
-            self._staging = None
-            rows, ids, valid = staging.rows, staging.ids, staging.valid
-            if staging.copies:
-                rows, ids, valid, logits = self._copy_prompts(staging, logits)
-            events = self._join(rows, staging.fork, ids, valid, logits, hidden)
-        self.stats.prefill_time_s += time.perf_counter() - start
-        return events
-
-    def _stage(self, rows: list[Row]) -> Staging:
-        """A fork of the target for joining rows, each starting from the longest prefix of its prompt whose KV is
-        cached (a finished or a running row's); what is left of the prompts is prefilled from there. Rows with the
-        same prompt (a request's n choices) prefill it once: the others copy its KV when it is done (_copy_prompts)."""
-        copies = []  # (row, the joining row it copies: an index into the rows prefilled)
-        if self.shares_prompts:
-            first: dict[tuple, int] = {}
-            unique = []
-            for row in rows:
-                at = first.setdefault(tuple(row.request.prompt), len(unique))
-                if at == len(unique):
-                    unique.append(row)
-                else:
-                    copies.append((row, at))
-            rows = unique
-        prompts = [r.request.prompt for r in rows]
-        hits = [None] * len(rows)
-        if self.prefix_cache is not None:
-            # a running row's prompt only: its answer's KV came from decode steps, not a prefill (prefix_cache.py)
-            running = [(r.request.prompt, min(n, len(r.request.prompt)))
-                       for r, n in zip(self.active, self.target.lengths)]
-            hits = self.prefix_cache.admit(self.target, prompts, running, self.prefill_tokens_per_step, len(copies))
-        fork = self.target.fork(len(rows))
-        if any(hits):
-            fork.load_prefixes(hits)
-        for row, hit in zip(rows, hits):
-            row.stats.cached_tokens = hit[1] if hit else 0
-            self.stats.cached_prompt_tokens += row.stats.cached_tokens
-        ids, valid = pad([p[r.stats.cached_tokens:] for p, r in zip(prompts, rows)], self.device, side="left")
-        copies_fork = self.target.fork(len(copies)) if copies else None  # their rows, reserved now
-        return Staging(rows, fork, ids, valid, copies, copies_fork)
-
-    def _copy_prompts(self, staging: Staging, logits):
-        """Rows whose prompt another joining row has just prefilled start from a copy of its KV and its last logits
-        (the same numbers a prefill of their own would give alone), after the prefilled rows."""
-        fork, copies = staging.fork, staging.copies
-        staging.copies_fork.load_prefixes([(fork.kv_ref(i), len(row.request.prompt)) for row, i in copies])
-        fork.merge(staging.copies_fork)
-        for row, _ in copies:
-            row.stats.cached_tokens = len(row.request.prompt)
-            self.stats.cached_prompt_tokens += row.stats.cached_tokens
-        rows = staging.rows + [row for row, _ in copies]
-        logits = torch.cat([logits, logits[[i for _, i in copies]]])
-        ids, valid = pad([r.request.prompt for r in rows], self.device, side="left")
-        return rows, ids, valid, logits
-
-    def _prefill_columns(self, left: int, rows: int, position: int) -> int:
-        """A row joining alone is cut at multiples of the budget from its prompt's start, as a cold prefill is, so
-        one that starts from a cached prefix ends with the cold prefill's forwards (backends' reusable_prefix).
-
-        Worked example, a budget of 8 tokens per step: a row joining alone with 5 of its 18 prompt tokens cached
-        (13 columns left) prefills 3 columns (prompt positions 5..7, ending where a cold prefill's first forward
-        ends), then 8 (8..15), then 2 (16..17). Several rows joining together take budget // rows columns a step."""
-        step = max(1, self.prefill_tokens_per_step // rows) if self.prefill_tokens_per_step else left + position
-        return min(left, step - position % step if rows == 1 else step)
-
-    def _join(self, rows: list[Row], fork, ids, valid, logits, hidden) -> list[TokenEvent]:
-        """Prefilled rows draw their first token from the prompt's last logits and join the running batch."""
-        joined = RowBatch.of(rows, self.target.vocab_size, self.device)
-        sampling, generators, grammars = joined.sampling, joined.generators, joined.grammars
-        u = generators.uniforms([0 if g or r.coupled else 1 for g, r in zip(sampling.greedy_rows, rows)])
-        noise = generators.noise(1, logits.shape[-1])
-        masks, _ = grammars.verify_masks([[] for _ in rows], [0] * len(rows))
-        scores = sampling.scores(logits[:, -1:], masks)
-        first = verify_rows(ids[:, :0], None, scores, sampling, u, [0] * len(rows), self.gen.method,
-                            noise)[1].tolist()
-        generators.advance([1] * len(rows))
-        grammars.advance([[t] for t in first])
-        drafter = None
-        if self.drafter is not None:
-            drafter = self.drafter.fork(len(rows))
-            calls = drafter.forward_calls
-            if any(r.stats.cached_tokens for r in rows):  # the drafter takes whole prompts
-                ids, valid = pad([r.request.prompt for r in rows], self.device, side="left")
-            drafter.prefill(ids, valid, hidden)
-            drafter.update([[t] for t in first], [0] * len(rows))
-            self.stats.draft_forward_calls += drafter.forward_calls - calls
-        self.stats.num_rows_with_first_token += len(rows)
-        verified = Verified([[] for _ in rows], [0] * len(rows), first, scores)
-        events = [e for b, row in enumerate(rows) for e in self._emit(row, verified, b, 0, 0)]
-        keep = [i for i, r in enumerate(rows) if r.finish_reason is None and r.index not in self.cancelled]
-        for i, r in enumerate(rows):
-            if r.finish_reason is None and i not in keep:
-                r.finish_reason = "cancelled"
-        if keep:
-            self._park_joined(rows, fork, keep)
-            self.target.merge(fork)
-            if drafter is not None:
-                drafter.select_rows(keep)
-                self.drafter.merge(drafter)
-            self.batch = self.batch.extend(joined.select(keep))
-        else:
-            self._park_joined(rows, fork, keep)
-        return events
-
-    def _park_joined(self, rows: list[Row], fork, keep: list[int]) -> None:
-        """Rows that finished at their first token leave the fork before it merges; with a prefix cache their
-        prompt's KV is parked, so that the same prompt next does not prefill again."""
-        gone = [i for i in range(len(rows)) if i not in set(keep)]
-        if self.prefix_cache is None or not gone:
-            fork.select_rows(keep)
-            return
-        prompts = [rows[i].request.prompt for i in gone]
-        self.prefix_cache.park(fork, gone, prompts, [len(p) for p in prompts])
-
     # ------------------------------------------------------------------ one speculative step
     def _decode_step(self) -> list[TokenEvent]:
         t0 = time.perf_counter()
@@ -484,7 +277,7 @@ class DecodingSession:
         ids, sampling = torch.cat([last, drafts.tokens], dim=1) if drafts.tokens.shape[1] else last, self.sampling
         if drafts.parents is None:
             lengths = self.target.lengths
-            logits, hidden = _forward(self.target, ids, None, self.hidden_wanted)
+            logits, hidden = logits_and_hidden(self.target, ids, None, self.hidden_wanted)
             scores = sampling.scores(logits, drafts.masks)
             noise = None if plan.noise is None else plan.noise[:, : ids.shape[1]]  # the positions verified
             num_accepted, next_token = verify_rows(drafts.tokens, drafts.q, scores, sampling, plan.u_verify,
@@ -649,10 +442,3 @@ def _last_kind(k: int, accepted: int) -> str:
 def _no_drafts(rows: int, device: torch.device) -> torch.Tensor:
     """A shared, empty [rows, 0] proposal (a plain step's): allocating one costs ~40 us right after a forward."""
     return torch.zeros(rows, 0, dtype=torch.long, device=device)
-
-
-def _forward(backend, ids, valid, hidden_wanted: bool, last_only: bool = False):
-    """(logits, hidden or None): hidden states are asked for only when the drafter needs them."""
-    if hidden_wanted:
-        return backend.forward(ids, valid, last_only=last_only, output_hidden=True)
-    return backend.forward(ids, valid, last_only=last_only), None

@@ -131,6 +131,13 @@ def argmax_forward(backend):
     return getattr(backend, "forward_argmax", None)
 
 
+def logits_and_hidden(backend, ids, valid, hidden_wanted: bool, last_only: bool = False):
+    """(logits, hidden or None): hidden states are asked for only when the drafter needs them."""
+    if hidden_wanted:
+        return backend.forward(ids, valid, last_only=last_only, output_hidden=True)
+    return backend.forward(ids, valid, last_only=last_only), None
+
+
 def eos_token_ids(backend) -> set[int]:
     return set(getattr(backend, "eos_token_ids", ()))
 
