@@ -1,36 +1,52 @@
-"""`specdecode bench serve --workload agent`: the session loop (steered list/read/write turns, tool results fed back
-as `tool` messages, the repository changed by write_file), the call validity check, the same-text check and the
-speedups from given records, option checks; and the workload end to end through the OpenAI client against live
-tiny servers with tool calling (127.0.0.1 only), with llama-cpp-python's function calling as the peer."""
+"""`specdecode bench serve --workload agent`: the session loop in auto mode (the model's calls decide each turn,
+tool results fed back as `tool` messages, the repository changed by write_file) and steered, the built-in tasks and
+their checks (each fails on the untouched repository and passes on a right edit), the fair order (warm-up, rotation)
+through bench_agent, the report's per-turn breakdown from given records, option checks; and the workload end to end
+through the CLI against a live tiny server with llama-cpp-python's function calling and, where it is built,
+llama-server as peers (127.0.0.1 only)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 
 import pytest
 
-from specdecode.bench.serve_agent import (PEER, PLAIN, AgentBenchSettings, AgentTask, Repository, TurnRecord,
-                                          builtin_tasks, invalid_call, run_session, same_text, speedups,
-                                          summarize)
+from specdecode.bench import serve_agent
+from specdecode.bench.agent_report import prompt_split, summarize, turn_rows
+from specdecode.bench.agent_tasks import (AgentTask, Repository, builtin_tasks, check_task, invalid_call,
+                                          safe_path)
+from specdecode.bench.serve_agent import (LLAMA_SERVER, PEER, PLAIN, AgentBenchSettings, TurnRecord, bench_agent,
+                                          run_session, task_order)
 from specdecode.errors import OptionError
 
-TASK = AgentTask("tiny", "Add a comment to a.py.", {"a.py": "x = 1\n", "b.txt": "hello\n"})
+TASK = AgentTask("tiny", "Add a comment to a.py.", {"a.py": "x = 1\n", "b.txt": "hello\n"},
+                 check="assert read('a.py').startswith('#') and __import__('a').x == 1", kind="edit")
+FIXED = "# one\nx = 1\n"
 
 
-class ScriptedChat:
-    """Answers each steered turn with the call it names (arguments from `args`), and "auto" with text."""
+class AgentChat:
+    """A model that acts as an agent in auto mode: lists, reads a.py, writes `content`, then answers; steered turns
+    get the call they name."""
 
-    def __init__(self, args: dict, text: str = "done"):
-        self.args, self.text, self.seen = args, text, []
+    def __init__(self, content: str = FIXED):
+        self.content, self.seen = content, []
 
-    def __call__(self, messages, tool_choice, record):
+    def __call__(self, messages, tool_choice, record, max_tokens=None):
         self.seen.append((json.loads(json.dumps(messages)), tool_choice))
         record.latency_s, record.ttft_s, record.last_token_s, record.output_tokens = 1.0, 0.2, 0.8, 7
-        if tool_choice == "auto":
-            record.text, record.finish_reason = self.text, "stop"
+        done = sum(m["role"] == "tool" for m in messages)
+        plan = [("list_files", {}), ("read_file", {"path": "a.py"}),
+                ("write_file", {"path": "a.py", "content": self.content})]
+        if tool_choice != "auto":
+            name = tool_choice["function"]["name"]
+            plan = [next(p for p in plan if p[0] == name)] * 3
+        if done >= len(plan):
+            record.text, record.finish_reason = "Done.", "stop"
             return
-        name = tool_choice["function"]["name"]
-        record.tool_calls = [{"id": f"call_{len(self.seen)}", "name": name, "arguments": json.dumps(self.args[name])}]
+        name, args = plan[done]
+        record.tool_calls = [{"id": f"call_{len(self.seen)}", "name": name, "arguments": json.dumps(args)}]
         record.finish_reason = "tool_calls"
 
 
@@ -38,45 +54,62 @@ def settings(**kw):
     return AgentBenchSettings(servers=[("ours", "http://127.0.0.1:1")], tasks=[TASK], **kw)
 
 
-def test_a_session_runs_the_steered_turns_feeds_tool_results_back_and_ends_on_text():
-    chat = ScriptedChat({"list_files": {}, "read_file": {"path": "a.py"},
-                         "write_file": {"path": "a.py", "content": "# one\nx = 1\n"}})
-    records = run_session(chat, "ours", TASK, settings())
-    assert [r.tool_choice for r in records] == ["list_files", "read_file", "write_file", "auto"]
-    assert all(r.ok and not r.invalid_calls for r in records) and records[-1].text == "done"
-    choices = [c for _, c in chat.seen]
-    assert choices[:3] == [{"type": "function", "function": {"name": n}}
-                           for n in ("list_files", "read_file", "write_file")] and choices[3] == "auto"
+def test_an_auto_session_calls_tools_feeds_results_back_ends_on_text_and_is_checked():
+    chat = AgentChat()
+    session, records = run_session(chat, "ours", TASK, settings())
+    assert [r.tool_choice for r in records] == ["auto"] * 4 and [c for _, c in chat.seen] == ["auto"] * 4
+    assert all(r.ok and not r.invalid_calls for r in records) and records[-1].text == "Done."
+    assert (session.ended, session.turns, session.completed, session.check) == ("answer", 4, True, "ok")
+    assert session.calls_after_turn_1 and session.changed == ["a.py"]
+    assert session.session_s >= 0 and all(r.idle_s >= 0 for r in records)
     last_messages = chat.seen[3][0]
     assert [m["role"] for m in last_messages] == ["system", "user"] + ["assistant", "tool"] * 3
     tool_results = [m["content"] for m in last_messages if m["role"] == "tool"]
     assert tool_results == ["a.py\nb.txt", "x = 1\n", "wrote 2 lines to a.py"]
     for assistant, tool in zip(last_messages[2::2], last_messages[3::2]):  # each result answers its call
         assert tool["tool_call_id"] == assistant["tool_calls"][0]["id"]
+    wrong, _ = run_session(AgentChat("x = 2\n"), "ours", TASK, settings())
+    assert not wrong.completed and "AssertionError" in wrong.check
+
+
+def test_steering_names_the_first_three_tools_and_tool_latency_is_idle_time():
+    chat, slept = AgentChat(), []
+    session, records = run_session(chat, "ours", TASK, settings(steer=True, tool_latency_s=0.25),
+                                   sleep=slept.append)
+    choices = [c for _, c in chat.seen]
+    assert choices[:3] == [{"type": "function", "function": {"name": n}}
+                           for n in ("list_files", "read_file", "write_file")] and choices[3] == "auto"
+    assert [r.tool_choice for r in records] == ["list_files", "read_file", "write_file", "auto"]
+    assert slept == [0.25] * 3 and session.completed  # after each turn of calls, not after the answer
 
 
 def test_a_session_stops_at_a_failed_turn_and_at_a_call_cut_by_max_tokens():
-    def failing(messages, tool_choice, record):
+    def failing(messages, tool_choice, record, max_tokens=None):
         raise RuntimeError("HTTP 500")
 
-    [record] = run_session(failing, "ours", TASK, settings())
-    assert not record.ok and "HTTP 500" in record.error
+    session, [record] = run_session(failing, "ours", TASK, settings())
+    assert not record.ok and "HTTP 500" in record.error and session.ended == "error" and not session.completed
 
-    def cut(messages, tool_choice, record):
+    def cut(messages, tool_choice, record, max_tokens=None):
         record.tool_calls = [{"id": "c", "name": "list_files", "arguments": "{"}]
         record.finish_reason = "length"
 
-    [record] = run_session(cut, "ours", TASK, settings())
-    assert record.ok and record.invalid_calls == ["list_files: arguments are not JSON (Expecting property name "
-                                                  "enclosed in double quotes)"]
+    session, [record] = run_session(cut, "ours", TASK, settings())
+    assert record.ok and session.ended == "length"
+    assert record.invalid_calls == ["list_files: arguments are not JSON (Expecting property name enclosed in double "
+                                    "quotes)"]
 
 
-def test_the_repository_answers_like_a_real_one():
+def test_the_repository_answers_like_a_real_one_and_stays_inside():
     repo = Repository(TASK.files)
     assert repo.run("read_file", '{"path": "nope.py"}').startswith("error: no file 'nope.py'")
     assert repo.run("write_file", '{"path": "c.py", "content": "a\\nb"}') == "wrote 2 lines to c.py"
     assert repo.run("list_files", "{}") == "a.py\nb.txt\nc.py"
+    assert repo.run("write_file", '{"path": "../x.py", "content": ""}').startswith("error: '../x.py' is not a path")
+    assert repo.run("read_file", '{"path": "/etc/passwd"}').startswith("error: '/etc/passwd' is not a path")
+    assert repo.run("read_file", "{'path'}").startswith("error: the arguments are not JSON")
     assert TASK.files == {"a.py": "x = 1\n", "b.txt": "hello\n"}  # a session never changes the task itself
+    assert safe_path("./src/a.py") == "src/a.py" and safe_path("a/../../b") is None and safe_path("") is None
 
 
 def test_invalid_calls_are_named():
@@ -86,38 +119,140 @@ def test_invalid_calls_are_named():
     assert "Additional properties" in invalid_call({"name": "list_files", "arguments": '{"x": 1}'})
 
 
-def test_same_text_and_speedups_from_given_records():
-    def rec(method, turn, text, tokens, latency, decode):
-        return TurnRecord(method, "t", turn, "auto", ok=True, text=text, output_tokens=tokens, latency_s=latency,
-                          ttft_s=0.1 if decode else None, last_token_s=0.1 + decode if decode else None)
+# Right edits of each built-in task, written as a user would make them.
+LEAP_TEST = ("\n\nfrom dates import is_leap\n\n\ndef test_is_leap():\n    assert is_leap(2000) and is_leap(2024)\n"
+             "    assert not is_leap(1900) and not is_leap(2023)\n")
+SOLUTIONS = {
+    "docstrings": ("stats.py", lambda t: re.sub(r"(def (\w+)\(.*\):\n)", r'\1    """The \2."""\n', t)),
+    "rename": ("inventory.py", lambda t: t.replace("add_item", "add_stock")),
+    "type-hints": ("textutils.py", lambda t: t.replace("def words(text)", "def words(text: str) -> list")
+                   .replace("def word_counts(text)", "def word_counts(text: str) -> dict")
+                   .replace('def truncate(text, width=40, suffix="...")',
+                            'def truncate(text: str, width: int = 40, suffix: str = "...") -> str')
+                   .replace("def slugify(text)", "def slugify(text: str) -> str")),
+    "add-test": ("test_dates.py", lambda t: t + LEAP_TEST),
+    "fix-discount": ("cart.py", lambda t: t.replace("total - percent", "total * (100 - percent) / 100")),
+    "fix-chunks": ("listutils.py", lambda t: t.replace("len(items) - size", "len(items)")),
+    "add-function": ("mathutils.py", lambda t: t + "\n\ndef clamp(value, low, high):\n"
+                                                   "    return max(low, min(value, high))\n"),
+    "validate": ("bank.py", lambda t: t.replace("        self.balance -= amount",
+                                                "        if amount < 0 or amount > self.balance:\n"
+                                                "            raise ValueError(amount)\n"
+                                                "        self.balance -= amount")),
+}
 
-    records = [rec("ours", 1, "a", 11, 1.0, 0.5), rec(PLAIN, 1, "a", 11, 2.0, 1.0), rec(PEER, 1, "z", 11, 4.0, None),
-               rec("ours", 2, "b", 11, 1.0, 0.5), rec(PLAIN, 2, "c", 11, 2.0, 1.0), rec(PEER, 2, "z", 11, 4.0, None)]
-    report = summarize(records, 10.0, AgentBenchSettings(servers=[("ours", "u")], peer_gguf="x.gguf", tasks=[TASK]))
-    assert report["same_text"] == {"reference": PLAIN, "checked": 2, "differences": ["ours t turn 2"]}
-    assert report["methods"]["ours"]["decode_tokens_per_s"] == pytest.approx(20.0)
-    s = report["speedups"]["ours"]
-    assert s["decode_vs_plain"] == pytest.approx(2.0) and s["session_time_vs_peer"] == pytest.approx(4.0)
-    assert speedups({"x": {"decode_tokens_per_s": None, "end_to_end_s": 1.0, "tokens_per_s": 1.0}})["x"] == \
-        {"decode_vs_plain": None, "session_time_vs_peer": None, "tokens_per_s_vs_peer": None}
 
-
-def test_the_builtin_tasks_are_coding_edits():
+def test_the_builtin_tasks_are_coding_tasks_whose_checks_tell_done_from_not_done():
     tasks = builtin_tasks()
-    assert len(tasks) >= 3
+    assert len(tasks) >= 8 and len({t.id for t in tasks}) == len(tasks)
+    kinds = {t.kind for t in tasks}
+    assert {"edit", "rename", "add a test", "fix a bug from a failing test"} <= kinds, kinds
+    assert {t.id for t in tasks} == set(SOLUTIONS)
     for task in tasks:
-        assert any(name.endswith(".py") for name in task.files) and "write_file" in task.instruction
+        path, edit = SOLUTIONS[task.id]
+        assert path in task.files and path in task.instruction
+        before = check_task(task, task.files)
+        assert not before.passed and before.changed == [], (task.id, before)
+        after = check_task(task, {**task.files, path: edit(task.files[path])})
+        assert after.passed and after.changed == [path], (task.id, after.detail)
+        broken = check_task(task, {**task.files, path: edit(task.files[path]) + "\ndef (:\n"})
+        assert not broken.passed and "SyntaxError" in broken.detail, (task.id, broken.detail)
+
+
+def test_a_test_that_cannot_fail_does_not_complete_the_add_a_test_task():
+    task = next(t for t in builtin_tasks() if t.id == "add-test")
+    weak = task.files["test_dates.py"] + "\n\nfrom dates import is_leap\n\n\ndef test_is_leap():\n" \
+                                         "    assert is_leap(2024)\n"
+    result = check_task(task, {**task.files, "test_dates.py": weak})
+    assert not result.passed and "passes on a wrong is_leap" in result.detail
+
+
+def test_bench_agent_warms_every_method_then_rotates_the_order_task_by_task(monkeypatch):
+    calls = []
+
+    def chat_of(name):
+        agent = AgentChat()
+
+        def chat(messages, tool_choice, record, max_tokens=None):
+            calls.append((name, messages[1]["content"], max_tokens))
+            agent(messages, tool_choice, record, max_tokens)
+        return chat
+
+    names = ["a", "b", "c"]
+
+    @contextlib.contextmanager
+    def started(s):
+        yield {n: chat_of(n) for n in s.methods}
+
+    monkeypatch.setattr(serve_agent, "started_methods", started)
+    tasks = [AgentTask(f"t{i}", f"task {i}", TASK.files, TASK.check) for i in range(4)]
+    report = bench_agent(AgentBenchSettings(servers=[(n, "u") for n in names], tasks=tasks))
+    warm, rest = calls[:3], calls[3:]
+    assert [(n, m) for n, _, m in warm] == [("a", 1), ("b", 1), ("c", 1)]
+    firsts = [(n, text) for n, text, _ in rest if text.startswith("task")][::4]  # 4 turns a session
+    assert firsts == [("a", "task 0"), ("b", "task 0"), ("c", "task 0"), ("b", "task 1"), ("c", "task 1"),
+                      ("a", "task 1"), ("c", "task 2"), ("a", "task 2"), ("b", "task 2"), ("a", "task 3"),
+                      ("b", "task 3"), ("c", "task 3")]
+    assert "rotated by one each task" in report["config"]["order"] and "untimed" in report["config"]["order"]
+    assert [s["position"] for s in report["sessions"] if s["method"] == "a"] == [0, 2, 1, 0]
+    for name in names:
+        t = report["methods"][name]
+        assert (t["tasks"], t["completed"], t["calls_after_turn_1"], t["turns"]) == (4, 4, 4, 16)
+        assert t["valid_calls"] == t["calls"] == 12 and t["ended"] == {"answer": 4}
+    assert task_order(names, 5, rotate=False) == names
+
+
+def test_the_report_splits_each_turn_from_given_records():
+    def rec(method, turn, text, latency, decode, cached=None, spec=None, timings=None):
+        return TurnRecord(method, "t", turn, "auto", ok=True, text=text, output_tokens=11, latency_s=latency,
+                          ttft_s=0.1 if decode else None, last_token_s=0.1 + decode if decode else None,
+                          prompt_tokens=100, cached_tokens=cached, idle_s=0.5 * (turn > 1), speculative=spec,
+                          timings=timings)
+
+    spec = {"forced_tokens": 4, "proposed_tokens": 9, "accepted_tokens": 6}
+    records = [rec("ours", 1, "a", 1.0, 0.5, 10, spec), rec(PLAIN, 1, "a", 2.0, 1.0, 10, {"forced_tokens": 4}),
+               rec(PEER, 1, "z", 4.0, None), rec(LLAMA_SERVER, 1, "y", 3.0, 1.0, 20, None,
+                                                 {"draft_n": 0, "draft_n_accepted": 0}),
+               rec("ours", 2, "b", 1.0, 0.5, 90, spec), rec(PLAIN, 2, "c", 2.0, 1.0, 80, {"forced_tokens": 4}),
+               rec(PEER, 2, "z", 4.0, None), rec(LLAMA_SERVER, 2, "y", 3.0, 1.0, 95)]
+    s = AgentBenchSettings(servers=[("ours", "u")], plain=True, peer_gguf="x.gguf", llama_server="", tasks=[TASK])
+    report = summarize([], records, 10.0, s)
+    assert report["config"]["methods"] == ["ours", PLAIN, LLAMA_SERVER, PEER]
+    assert "shares the prefix cache of 'ours'" in report["config"]["order"]
+    assert report["same_text"] == {"reference": PLAIN, "checked": 2, "differences": ["ours t turn 2"]}
+    ours = report["methods"]["ours"]
+    assert ours["decode_tokens_per_s"] == pytest.approx(20.0) and ours["idle_s"] == 0.5
+    assert (ours["cold_tokens"], ours["cached_tokens"], ours["forced_tokens"], ours["drafted_tokens"],
+            ours["kept_tokens"]) == (100, 100, 8, 18, 12)
+    assert report["methods"][PEER]["cold_tokens"] is None and report["methods"][PEER]["prompt_tokens"] == 200
+    assert report["methods"][LLAMA_SERVER]["drafted_tokens"] == 0
+    rows = {(r["turn"], r["method"]): r for r in turn_rows(records, s.methods)}
+    assert (rows[2, "ours"]["cold_tokens"], rows[2, "ours"]["cached_tokens"]) == (10, 90)
+    assert rows[2, LLAMA_SERVER]["cached_tokens"] == 95 and rows[1, PEER]["median_decode_tokens_per_s"] is None
+    assert prompt_split([rec(PEER, 1, "", 1.0, None)])["cold_tokens"] is None
+    speed = report["speedups"]["ours"]
+    assert speed["decode_vs_plain"] == pytest.approx(2.0)
+    assert speed["session_time_vs_function_calling"] is None  # no sessions given: no session time to compare
 
 
 @pytest.mark.parametrize("kw,message", [
     (dict(servers=[]), "at least one server"),
-    (dict(servers=[("plain", "u")]), "must be distinct"),
+    (dict(servers=[("plain", "u")], plain=True), "must be distinct"),
+    (dict(servers=[("llama-server", "u")]), "must be distinct"),
     (dict(servers=[("a", "u"), ("a", "v")]), "must be distinct"),
-    (dict(servers=[("a", "u")], max_turns=3), "max_turns must be >= 4"),
+    (dict(servers=[("a", "u")], max_turns=3, steer=True), "max_turns must be >= 4"),
+    (dict(servers=[("a", "u")], max_turns=0), "max_turns must be >= 1"),
+    (dict(servers=[("a", "u")], tool_latency_s=-1), "tool latency must be >= 0"),
+    (dict(servers=[("a", "u")], llama_server="/bin/llama-server"), "give --peer-gguf"),
 ])
 def test_bad_settings(kw, message):
     with pytest.raises(OptionError, match=message):
         AgentBenchSettings(**kw)
+
+
+def test_a_server_named_plain_is_the_reference():
+    s = AgentBenchSettings(servers=[("default", "u"), ("plain", "v")])
+    assert s.methods == ["default", "plain"] and len(s.tasks) >= 8
 
 
 # ------------------------------------------------------------------------ end to end, live tiny servers
@@ -142,33 +277,55 @@ def tool_server(tiny_pair, tokenizer):
     srv.stop()
 
 
-def test_the_workload_end_to_end_against_a_live_server_and_llamacpp_function_calling(tool_server, smol_path,
-                                                                                      tmp_path):
+def _run_cli(args, tmp_path):
     from typer.testing import CliRunner
 
     from specdecode.cli.app import app
 
     report_path = tmp_path / "agent.json"
-    # the CLI reads built-in tasks only; a one-task run keeps the tiny context
-    result = CliRunner().invoke(app, ["bench", "serve", "--workload", "agent", "--server", f"ours={tool_server.url}",
-                                      "--peer-gguf", str(smol_path), "--threads", "1", "--nb-prompts", "1",
-                                      "--turns", "4", "--max-tokens", "80", "--json", str(report_path)])
+    result = CliRunner().invoke(app, ["bench", "serve", "--workload", "agent", *args, "--json", str(report_path)])
     assert result.exit_code == 0, result.output
-    assert "per method" in result.output and "decode vs plain" in result.output
-    report = json.loads(report_path.read_text())
-    assert report["config"]["methods"] == ["ours", PLAIN, PEER]
+    return result.output, json.loads(report_path.read_text())
+
+
+def test_the_workload_end_to_end_against_a_live_server_and_llamacpp_function_calling(tool_server, smol_path,
+                                                                                      tmp_path):
+    # steered, so that the tiny random model calls tools; one task keeps the tiny context
+    output, report = _run_cli(["--server", f"ours={tool_server.url}", "--plain", "--steer", "--peer-gguf",
+                               str(smol_path), "--threads", "1", "--peer-context", "4096", "--nb-prompts", "1",
+                               "--turns", "4", "--max-tokens", "80"], tmp_path)
+    assert "per method" in output and "vs plain" in output and "prefill cold" in output and "order:" in output
+    assert report["config"]["methods"] == ["ours", PLAIN, PEER] and report["config"]["tool_choice"] != "auto"
     assert not report["errors"], report["errors"]
     for method in ("ours", PLAIN, PEER):
         totals = report["methods"][method]
         assert totals["succeeded"] >= 1 and totals["calls"] >= 1 and totals["output_tokens"] > 0
+        assert totals["tasks"] == 1 and totals["completed"] in (0, 1)
     # our grammar allows only valid calls; a call cut at max_tokens is the only kind that can fail the schema
     for r in report["records"]:
         if r["method"] != PEER and r["finish_reason"] != "length":
             assert not r["invalid_calls"], r
-    # greedy decoding is exact: speculation changed no text and no call
-    same = report["same_text"]
+    same = report["same_text"]  # greedy decoding is exact: speculation changed no text and no call
     assert same["checked"] >= 1 and same["differences"] == []
     first = [r for r in report["records"] if r["method"] == "ours"][0]
     assert first["tool_choice"] == "list_files" and first["tool_calls"][0]["name"] == "list_files"
-    assert first["speculative"] is not None  # our server's statistics reached the client
+    assert first["speculative"] is not None and first["cached_tokens"] is not None  # our server's statistics
+    # the warm-up cached the system prompt and tools: turn 1 of the session found them
+    assert first["cached_tokens"] > 0 and report["turns"][0]["forced_tokens"] > 0
 
+
+def test_the_workload_in_auto_mode_against_llama_server(tool_server, smol_path, tmp_path):
+    from specdecode.bench.llama_server import default_binary
+
+    if not default_binary().is_file():
+        pytest.skip(f"llama-server is not built at {default_binary()}: bash scripts/build_llama_server.sh")
+    output, report = _run_cli(["--server", f"ours={tool_server.url}", "--peer-gguf", str(smol_path),
+                               "--llama-server", str(default_binary()), "--no-function-calling", "--threads", "1",
+                               "--peer-context", "4096", "--nb-prompts", "1", "--turns", "2", "--max-tokens", "40"],
+                              tmp_path)
+    assert report["config"]["methods"] == ["ours", LLAMA_SERVER] and report["config"]["tool_choice"] == "auto"
+    assert "--jinja" in report["config"]["commands"][LLAMA_SERVER] and not report["errors"], report["errors"]
+    server = [r for r in report["records"] if r["method"] == LLAMA_SERVER]
+    assert server and all(r["ok"] and r["output_tokens"] > 0 for r in server)
+    assert server[0]["cached_tokens"] > 0  # its prompt cache kept the warm-up's system prompt and tools
+    assert report["methods"][LLAMA_SERVER]["decode_tokens_per_s"] is not None  # streamed as ours

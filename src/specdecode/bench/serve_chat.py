@@ -13,11 +13,16 @@ The system prompt starts with a tag naming the run (and, in multi-turn, the conv
 run is cold even on a server that has run this benchmark before, and conversations share no prefix, so turn 1
 measures a cold prompt and later turns the reuse of their own history. Requests go only to the URL given, bounded
 in number (conversations x turns, num_requests) and in time (duration_s, the per-request timeout).
+
+The peer (bench_chat_and_llama_server): llama.cpp's own server (llama_server.py) started here on 127.0.0.1 with
+the peer GGUF, threads and context, one slot per chat running at once, its prompt cache on; the same chats are sent
+to it after ours, under a tag of their own, so both start cold. It reports cached_tokens in usage as we do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import statistics
 import time
@@ -176,3 +181,18 @@ def bench_chat(settings: ChatBenchSettings) -> dict:
     run = run_multi_turn if settings.workload == "multi-turn" else run_shared_system
     records, wall_s = asyncio.run(run(settings))
     return summarize_chat(records, wall_s, settings)
+
+
+def bench_chat_and_llama_server(settings: ChatBenchSettings, binary: str, gguf: str, threads: int,
+                                context: int) -> dict:
+    """Our server's report with llama-server's beside it, as report["peers"]["llama-server"]."""
+    from .llama_server import LlamaServer
+
+    report = bench_chat(settings)
+    width = settings.conversations if settings.workload == "multi-turn" else settings.concurrency
+    with LlamaServer(binary, gguf, threads, context, parallel=width) as server:
+        peer = dataclasses.replace(settings, url=server.url, run_id=secrets.token_hex(4), model=None, api_key=None)
+        peer_report = bench_chat(peer)
+        peer_report["config"]["command"] = server.command
+    report["peers"] = {"llama-server": peer_report}
+    return report

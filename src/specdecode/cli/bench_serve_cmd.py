@@ -11,6 +11,7 @@ from typing import List, Optional
 
 import typer
 
+from .bench_serve_agent import PeerOptions, chat_with_llama_server, run_agent
 from .common import CLIError, out, user_errors
 
 WORKLOADS = ("completions", "multi-turn", "shared-system", "edit", "agent")
@@ -28,16 +29,35 @@ def bench_serve(
                                  "decoding (num_speculative_tokens 0), in that order: the decode rates, their "
                                  "ratio, and whether the texts match (start the server afresh for each run: a "
                                  "suffix draft remembers earlier answers); agent: tool-using coding sessions "
-                                 "through the OpenAI client (list, read and rewrite files), on each --server, "
-                                 "as plain decoding, and with llama-cpp-python's function calling (--peer-gguf)."),
+                                 "through the OpenAI client (list, read and rewrite files; tool_choice auto unless "
+                                 "--steer), on each --server, llama-server (--llama-server) and llama-cpp-python's "
+                                 "function calling (--peer-gguf); each task's edit checked after the session."),
     server: Optional[List[str]] = typer.Option(None, "--server", help="agent: one of our servers as NAME=URL "
-                                               "(repeatable; default: ours=--url). The first one also runs the "
-                                               "plain sessions (num_speculative_tokens 0)."),
-    peer_gguf: Optional[str] = typer.Option(None, "--peer-gguf", help="agent: also run llama-cpp-python's own "
-                                            "function calling, in process, on this GGUF (a path or a built-in "
-                                            "model name, e.g. qwen2.5-coder-1.5b-instruct)."),
-    plain: bool = typer.Option(True, "--plain/--no-plain", help="agent: also run the plain sessions."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="agent: the peer's threads (default: as ours)."),
+                                               "(repeatable; default: ours=--url). A server named plain (start it "
+                                               "with --draft none) is the reference of the same-text check."),
+    peer_gguf: Optional[str] = typer.Option(None, "--peer-gguf", help="agent, multi-turn, shared-system: the "
+                                            "peers' GGUF (a path or a built-in model name, e.g. "
+                                            "qwen2.5-coder-1.5b-instruct); agent: llama-cpp-python's own function "
+                                            "calling runs on it, in process, unless --no-function-calling."),
+    llama_server: Optional[str] = typer.Option(None, "--llama-server", help="agent, multi-turn, shared-system: "
+                                               "also run llama.cpp's own server (this llama-server binary; build "
+                                               "it with scripts/build_llama_server.sh) on --peer-gguf, started on "
+                                               "127.0.0.1 with --jinja, the same threads and context, its prompt "
+                                               "cache on."),
+    function_calling: bool = typer.Option(True, "--function-calling/--no-function-calling", help="agent: with "
+                                          "--peer-gguf, run llama-cpp-python's function calling."),
+    plain: bool = typer.Option(False, "--plain/--no-plain", help="agent: also run plain sessions on the first "
+                               "server (num_speculative_tokens 0; they share its prefix cache, so prefer a server "
+                               "of its own started with --draft none and named plain)."),
+    steer: bool = typer.Option(False, "--steer/--no-steer", help="agent: name the tool of the first three turns "
+                               "(list, read, write) instead of tool_choice auto."),
+    tool_latency: Optional[float] = typer.Option(None, "--tool-latency", help="agent: seconds the client waits "
+                                                 "after running a turn's tools, as a real agent's tools take time "
+                                                 "(default 0)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="agent, multi-turn, shared-system: the peers' "
+                                          "threads (default: as ours)."),
+    peer_context: Optional[int] = typer.Option(None, "--peer-context", help="agent, multi-turn, shared-system: "
+                                               "the peers' context per sequence (default 8192)."),
     prompts: Optional[str] = typer.Option(None, "--prompts", help="Prompt set: code, prose, edit (built in), or a "
                                           "file. Default: code; the chat workloads' user messages default to "
                                           "built-in code-review questions; edit: the edit set."),
@@ -89,17 +109,21 @@ def bench_serve(
         given = {"--conversations": conversations, "--turns": turns, "--system-prompt": system_prompt,
                  "--rate": rate, "--plot": plot, "--num-requests": num_requests, "--concurrency": concurrency,
                  "--nb-prompts": nb_prompts, "--follow-up": follow_up, "-k": k, "--min-max-tokens": min_max_tokens,
-                 "--server": server, "--peer-gguf": peer_gguf, "--threads": threads}
+                 "--server": server, "--peer-gguf": peer_gguf, "--threads": threads, "--llama-server": llama_server,
+                 "--peer-context": peer_context, "--tool-latency": tool_latency, "--steer": steer or None,
+                 "--plain": plain or None, "--no-function-calling": None if function_calling else True}
         _check_options(workload, given)
         common = dict(url=url, temperature=temperature, model=model, api_key=api_key, timeout_s=timeout,
                       duration_s=duration)
         if max_tokens is not None:  # else each workload's default
             common["max_tokens"] = max_tokens
+        peers = PeerOptions(peer_gguf, llama_server, threads, peer_context, function_calling)
         if workload == "completions":
             _run_completions(common, prompts or "code", num_requests or 100, concurrency, rate, seed, json_path,
                              plot, min_max_tokens)
         elif workload == "agent":
-            _run_agent(common, server or [f"ours={url}"], peer_gguf, plain, threads, nb_prompts, turns, json_path)
+            run_agent(common, server or [f"ours={url}"], peers, plain=plain, steer=steer, tool_latency=tool_latency,
+                      nb_tasks=nb_prompts, turns=turns, json_path=json_path)
         elif workload == "edit":
             from ..bench.serve_edit import EditBenchSettings, bench_edit
 
@@ -112,7 +136,8 @@ def bench_serve(
 
             settings = ChatBenchSettings(workload=workload, questions=_questions(prompts),
                                          system_prompt=_read_text(system_prompt), **common, **_chat_sizes(given))
-            _run_workload(settings, bench_chat, _print_chat, prompts or "built-in questions", json_path)
+            run = bench_chat if peers.llama_server is None else chat_with_llama_server(peers)
+            _run_workload(settings, run, _print_chat_and_peer, prompts or "built-in questions", json_path)
 
 
 def _run_completions(common: dict, prompts: str, num_requests: int, concurrency: Optional[int],
@@ -140,11 +165,13 @@ def _run_completions(common: dict, prompts: str, num_requests: int, concurrency:
 
 
 # The options each workload reads: one given to a workload that ignores it is an error, not a silent no-op.
+_PEERS = {"--peer-gguf", "--llama-server", "--threads", "--peer-context"}
 _APPLIES = {"completions": {"--rate", "--plot", "--num-requests", "--concurrency", "--min-max-tokens"},
-            "multi-turn": {"--conversations", "--turns", "--system-prompt"},
-            "shared-system": {"--system-prompt", "--num-requests", "--concurrency"},
+            "multi-turn": {"--conversations", "--turns", "--system-prompt"} | _PEERS,
+            "shared-system": {"--system-prompt", "--num-requests", "--concurrency"} | _PEERS,
             "edit": {"--nb-prompts", "--follow-up", "-k"},
-            "agent": {"--nb-prompts", "--turns", "--server", "--peer-gguf", "--threads"}}
+            "agent": {"--nb-prompts", "--turns", "--server", "--tool-latency", "--steer", "--plain",
+                      "--no-function-calling"} | _PEERS}
 
 
 def _check_options(workload: str, given: dict) -> None:
@@ -153,67 +180,6 @@ def _check_options(workload: str, given: dict) -> None:
             raise CLIError(f"{flag} does not apply to --workload {workload}")
     if given["--concurrency"] is not None and given["--rate"] is not None:
         raise CLIError("give --concurrency or --rate, not both")
-
-
-def _run_agent(common: dict, servers: list[str], peer_gguf: Optional[str], plain: bool, threads: Optional[int],
-               nb_tasks: Optional[int], turns: Optional[int], json_path: Optional[str]) -> None:
-    from ..bench.llamacpp_peers import gguf_file
-    from ..bench.serve import write_report
-    from ..bench.serve_agent import AgentBenchSettings, bench_agent
-
-    pairs = []
-    for item in servers:
-        name, sep, address = item.partition("=")
-        if not sep or not name or not address:
-            raise CLIError(f"--server {item!r}: write NAME=URL, e.g. suffix=http://127.0.0.1:8001")
-        pairs.append((name, address))
-    gguf = None
-    if peer_gguf is not None:
-        gguf = gguf_file(peer_gguf)
-        if gguf is None:
-            raise CLIError(f"--peer-gguf {peer_gguf!r}: not a .gguf file nor an installed built-in GGUF model")
-    sizes = {"max_turns": turns, "nb_tasks": nb_tasks, "max_tokens": common.get("max_tokens")}
-    settings = AgentBenchSettings(servers=pairs, plain=plain, peer_gguf=None if gguf is None else str(gguf),
-                                  peer_threads=threads, model=common["model"], api_key=common["api_key"],
-                                  timeout_s=common["timeout_s"], **{k: v for k, v in sizes.items() if v is not None})
-    report = bench_agent(settings)
-    _print_agent(report)
-    if json_path:
-        write_report(report, json_path)
-        out.print(f"report: {json_path}")
-    if report["succeeded"] == 0:
-        raise CLIError(f"no request succeeded: {report['errors'][:3]}")
-
-
-def _print_agent(report: dict) -> None:
-    from rich.table import Table
-
-    out.print(f"agent: {report['succeeded']}/{report['requests']} turns succeeded in {report['wall_s']:.1f} s "
-              f"({len(report['config']['tasks'])} tasks)")
-    table = Table(title="per turn (medians over tasks)", title_justify="left")
-    for column in ("turn", "tool_choice", "method", "tokens", "decode tok/s", "latency"):
-        table.add_column(column, justify="left" if column in ("tool_choice", "method") else "right")
-    for row in report["turns"]:
-        table.add_row(str(row["turn"]), row["tool_choice"], row["method"], str(row["output_tokens"]),
-                      _num(row["median_decode_tokens_per_s"], 1), _ms(row["median_latency_s"]))
-    out.print(table)
-    totals = Table(title="per method", title_justify="left")
-    for column in ("method", "tokens", "calls", "invalid", "sessions' time", "decode tok/s", "decode vs plain",
-                   "time vs peer"):
-        totals.add_column(column, justify="left" if column == "method" else "right")
-    for name, t in report["methods"].items():
-        s = report["speedups"][name]
-        totals.add_row(name, str(t["output_tokens"]), str(t["calls"]), str(t["invalid_calls"]),
-                       f"{t['end_to_end_s']:.1f} s", _num(t["decode_tokens_per_s"], 1),
-                       _times(s["decode_vs_plain"]), _times(s["session_time_vs_peer"]))
-    out.print(totals)
-    same = report["same_text"]
-    if same["reference"]:
-        out.print(f"same text and calls as {same['reference']}: {same['checked'] - len(same['differences'])}/"
-                  f"{same['checked']} turns" + (f"; differ: {', '.join(same['differences'])}"
-                                                 if same["differences"] else ""))
-    for line in report["invalid_calls"] + report["errors"]:
-        out.print(f"  {line}", markup=False)
 
 
 def _chat_sizes(given: dict) -> dict:
@@ -291,6 +257,13 @@ def _print_chat(report: dict) -> None:
     if ratio is not None:
         what = f"turn {len(report['per_turn'])} / turn 1" if multi else "later / first"
         out.print(f"median TTFT {what}: {ratio:.2f}x")
+
+
+def _print_chat_and_peer(report: dict) -> None:
+    _print_chat(report)
+    for name, peer in report.get("peers", {}).items():
+        out.print(f"{name} ({' '.join(peer['config']['command'])}):", markup=False)
+        _print_chat(peer)
 
 
 def _print_edit(report: dict) -> None:
