@@ -61,29 +61,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from .policy_estimates import (  # noqa: F401  (expected_speedup, expected_tokens: where callers have found them)
-    WARM_SAMPLES,
-    Cost,
-    RowState,
-    expected_speedup,
-    expected_tokens,
-    record_outcome,
-    scale_evidence,
-    shrunk,
-)
+from .policy_estimates import DECAY, WARM_SAMPLES, PolicyEstimates, RowState, scale_evidence
 from .speculation import Speculation
 
-PRIOR_ACCEPTANCE = 0.7     # before any evidence; drives only the first step or two
-PRIOR_DRAFT_STEPS = 0.3    # an unmeasured draft step, in target steps
-PRIOR_VERIFY_SLOPE = 0.15  # an unmeasured forward of n tokens is 1 + 0.15 (n - 1) target steps
-DECAY = 0.97               # evidence kept per step: a half-life of ~23 steps (~60 tokens at 3 tokens a step)
 PROBE_FORGET = 0.3         # evidence kept when a probe pays: the text has changed since it was gathered
 MARGIN = 0.05              # speculation stops only when plain steps look 5 % faster: a noisy dip must not stop it
 PROBE_FIRST, PROBE_MAX = 8, 256
 CEILING_ACCEPTANCE = 0.95  # the best acceptance a probe could find; if even that cannot pay, probing is waste
 TRIAL_BUDGET = 0.03        # a probe or an exploration may cost its draft's catch-up only up to 3 % of the plain
                            # decoding time since the last one
-PRIOR_CATCH_UP = 0.2       # an unmeasured catch-up, in draft steps per token fed
 REFRESH_STEPS = 128        # speculating this long without a plain step: time plain steps afresh (only they can)
 THIN_EVIDENCE = 10         # an explanation counts the drafts behind an acceptance measured on fewer than this
 SETTLED_STEPS = 1024       # steps of plain decoding, with nothing drafted or probed, once no draft could ever pay
@@ -127,8 +113,9 @@ class Outcome:
     catch_up_s: float = 0.0
 
 
-class Policy(ABC):
-    """What both policies share: the acceptance and cost estimates, observe() and summary(). Subclasses choose."""
+class Policy(PolicyEstimates, ABC):
+    """What both policies share: the estimates (PolicyEstimates), the loop's two calls and summary(). Subclasses
+    choose."""
 
     name = "policy"
     adaptive = False  # whether K follows measurements (the loop then draws seeded sampled rows by coupling)
@@ -136,19 +123,9 @@ class Policy(ABC):
     model_drafts = False  # every draft comes from a model (the loop sets it for a ModelDrafter): only then may it settle
 
     def __init__(self, max_k: int, decay: float = DECAY):
-        if not 0.0 < decay <= 1.0:
-            raise ValueError(f"decay must be in (0, 1], got {decay!r}")
-        self.max_k = max_k
-        self.decay = decay
+        super().__init__(max_k, decay)
         self.probes = self.explorations = self.refreshes = 0
-        self.accepted, self.seen = [0.0] * self.max_k, [0.0] * self.max_k  # the batch's evidence
-        self._verify: dict[int, dict[int, Cost]] = {}  # batch size -> tokens -> seconds
-        self._draft: dict[int, Cost] = {}  # batch size -> seconds per draft step
-        self._catch_up = Cost()  # seconds per token a draft feeds when it catches up
-        self._histogram: dict[int, int] = {}
         self.trial = False  # whether the last choose() was a probe or an exploration (decide() reports it)
-        self._free_drafts = False  # the current decision's drafts run no model forward (Outlook.free)
-        self._classes: dict[int, RowState] = {}  # draft class -> its acceptance evidence (Outlook.classes)
 
     def new_row(self) -> RowState:
         return RowState(self.max_k)
@@ -179,12 +156,6 @@ class Policy(ABC):
             self.observe(outcome.rows, outcome.k, outcome.accepted, outcome.batch_size, outcome.draft_s,
                          outcome.verify_s, outcome.drafted)
 
-    def _evidence(self, row: RowState) -> RowState:
-        """Where a row's acceptance is counted: its draft class's evidence, or its own."""
-        if not isinstance(row, RowState) or row.draft_class is None:
-            return row
-        return self._classes.setdefault(row.draft_class, RowState(self.max_k))
-
     @abstractmethod
     def choose(self, rows: list[RowState], caps: list[int]) -> int:
         """One K for the batch, in 0..max_k; row b then drafts min(K, caps[b])."""
@@ -197,116 +168,7 @@ class Policy(ABC):
             row.cap = cap
         return min(self.max_k, max(caps, default=0))
 
-    # ------------------------------------------------------------------ after a step
-    def observe(self, rows: list[RowState], k: int, accepted: list[int], batch_size: int,
-                draft_seconds: float | None, verify_seconds: float | None, drafted: list[int] | None = None,
-                free: bool | None = None) -> None:
-        """Record a step: k drafts (0 = plain step), accepted[b] of row b's drafts kept, its timings.
-
-        drafted[b] is how many drafts row b got; by default min(k, the cap choose() was given for it).
-        draft_seconds None: the drafting time was not a clean sample (the draft first caught up on the tokens of
-        plain steps, a one-off cost): the draft cost is not updated from it. free (by default the Outcome's that
-        learn() is recording): no model forward drafted (suffix+MODEL copying every row), no draft cost to learn."""
-        drafted = self._drafted(rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted)
-        self._histogram[k] = self._histogram.get(k, 0) + 1
-        if verify_seconds is not None:  # None: a cold forward (a graph captured), no sample of the step's cost
-            self._verify.setdefault(batch_size, {}).setdefault(k + 1, Cost()).add(verify_seconds)
-        if k == 0:
-            return
-        free = self._free_drafts if free is None else free
-        if draft_seconds is not None and not free:
-            self._draft.setdefault(batch_size, Cost()).add(draft_seconds / k)
-        scale_evidence([self.accepted, self.seen], self.decay)  # the batch decays once per step, not once per row
-        for row, n, kept in zip(rows, drafted, accepted):
-            if n:
-                evidence = self._evidence(row)
-                scale_evidence([evidence.accepted, evidence.seen], self.decay)
-                record_outcome(evidence, n, kept)
-                record_outcome(self, n, kept)
-
-    def _drafted(self, rows, k, accepted, batch_size, draft_seconds, verify_seconds, drafted) -> list[int]:
-        """Checks an observation before anything is recorded; returns each row's number of drafts."""
-        if not 0 <= k <= self.max_k or len(accepted) != len(rows) or len(drafted or rows) != len(rows):
-            raise ValueError(f"observe() got k={k} (max_k={self.max_k}) and {len(rows)} rows, {len(accepted)} "
-                             f"accepted counts: pass one count per row and a k in 0..max_k")
-        if batch_size < 1 or (draft_seconds is not None and draft_seconds < 0) or \
-                (verify_seconds is not None and verify_seconds < 0):
-            raise ValueError("observe() needs batch_size >= 1 and non-negative timings")
-        if drafted is None:
-            drafted = [k if row.cap is None else min(k, row.cap) for row in rows]
-        for n, kept in zip(drafted, accepted):
-            if not 0 <= kept <= n <= k:
-                raise ValueError(f"a row kept {kept} drafts out of {n} (k={k}): accepted[b] counts row b's kept "
-                                 f"drafts")
-        return drafted
-
-    # ------------------------------------------------------------------ estimates
-    def batch_acceptance(self) -> list[float]:
-        """a_1..a_max_k for the batch as a whole."""
-        pooled = shrunk(sum(self.accepted), sum(self.seen), PRIOR_ACCEPTANCE)
-        return [shrunk(a, s, pooled) for a, s in zip(self.accepted, self.seen)]
-
-    def expected_tokens(self, row: RowState, batch: list[float] | None = None) -> list[float]:
-        """E(k) for k = 0..max_k: the new tokens row expects from a step with k drafts (from its draft class's
-        evidence where it has one)."""
-        evidence, priors = self._evidence(row), batch or self.batch_acceptance()
-        if evidence is not row:  # a class: shrunk to its own pooled rate, which is shrunk to the batch's
-            pooled = shrunk(sum(evidence.accepted), sum(evidence.seen),
-                            shrunk(sum(self.accepted), sum(self.seen), PRIOR_ACCEPTANCE))
-            priors = [pooled] * len(priors)
-        gains, run = [1.0], 1.0
-        for a, s, prior in zip(evidence.accepted, evidence.seen, priors):
-            run *= shrunk(a, s, prior)
-            gains.append(gains[-1] + run)
-        return gains
-
-    def verify_cost(self, n: int, batch_size: int, borrow: bool = True) -> float:
-        """Seconds (or prior target steps, before any timing) of a target forward of n tokens."""
-        points = self._verify.get(batch_size)
-        shape = self._shape if borrow else lambda m, _: 1.0 + PRIOR_VERIFY_SLOPE * (m - 1)
-        if not points:
-            return shape(n, batch_size)
-        if n in points:
-            return points[n].value
-        lo = max((m for m in points if m < n), default=None)
-        hi = min((m for m in points if m > n), default=None)
-        if lo is not None and hi is not None:
-            return points[lo].value + (points[hi].value - points[lo].value) * (n - lo) / (hi - lo)
-        near = lo if lo is not None else hi
-        return points[near].value * shape(n, batch_size) / shape(near, batch_size)
-
-    def _shape(self, n: int, batch_size: int) -> float:
-        """The curve to scale where this batch size has no timing: the nearest measured batch size's, or the prior."""
-        others = [b for b in self._verify if b != batch_size]
-        if not others:
-            return 1.0 + PRIOR_VERIFY_SLOPE * (n - 1)
-        return self.verify_cost(n, min(others, key=lambda b: (abs(b - batch_size), b)), borrow=False)
-
-    def observe_catch_up(self, tokens: int, seconds: float) -> None:
-        """A draft fed `tokens` tokens (over all rows) in `seconds` before drafting: the price of leaving it idle."""
-        if tokens > 0 and seconds >= 0:
-            self._catch_up.add(seconds / tokens)
-
-    def catch_up_cost(self, tokens: int) -> float:
-        per_token = self._catch_up.value if self._catch_up.count else PRIOR_CATCH_UP * self.draft_cost(1)
-        return tokens * per_token
-
-    def draft_cost(self, batch_size: int) -> float:
-        if batch_size in self._draft:
-            return self._draft[batch_size].value
-        if self._draft:
-            near = min(self._draft, key=lambda b: (abs(b - batch_size), b))
-            ratio = self._draft[near].value / max(self.verify_cost(1, near), 1e-12)
-        else:
-            ratio = PRIOR_DRAFT_STEPS
-        return ratio * self.verify_cost(1, batch_size)
-
-    def step_time(self, k: int, batch_size: int, free: bool | None = None) -> float:
-        """Seconds of a step with k drafts; free (by default the current decision's Outlook.free): drafts cost 0."""
-        free = self._free_drafts if free is None else free
-        drafting = 0.0 if free else k * self.draft_cost(batch_size)
-        return max(drafting + self.verify_cost(k + 1, batch_size), 1e-12)
-
+    # ------------------------------------------------------------------ explaining itself
     def summary(self) -> dict:
         """JSON-able: the K histogram, probes, and the current cost and acceptance estimates."""
         steps = sum(self._histogram.values())
@@ -326,38 +188,9 @@ class Policy(ABC):
             **figures, "explanation": self._explain(figures),
         }
 
-    # ------------------------------------------------------------------ explaining itself
-    def figures(self) -> dict:
-        """The numbers behind the choices, at the batch size timed most: costs in target steps (a plain step = 1),
-        the recent acceptance, and the expected speedup of each K by Leviathan's formula at those numbers.
-
-        draft_step_cost and verify_cost are estimates (the priors, scaled) where the flags say unmeasured;
-        acceptance_rate is None before any draft was verified."""
-        batch = self._main_batch()
-        plain = self.verify_cost(1, batch)
-        timed = self._verify.get(batch, {})
-        verify = {n: self.verify_cost(n, batch) / plain for n in range(1, self.max_k + 2)}
-        draft_step = self.draft_cost(batch) / plain
-        acceptance = self.batch_acceptance()
-        speedups = {k: expected_speedup(acceptance, k, draft_step, verify) for k in range(1, self.max_k + 1)}
-        best = max(speedups, key=speedups.__getitem__, default=0)  # ties go to the smaller K
-        seen = sum(self.seen)
-        return {
-            "batch_size": batch, "target_step_s": timed[1].value if 1 in timed else None,
-            "draft_step_cost": draft_step, "draft_step_measured": batch in self._draft,
-            "verify_cost": verify, "verify_measured": sorted(n for n in timed if n <= self.max_k + 1),
-            "acceptance_rate": sum(self.accepted) / seen if seen else None, "acceptance_evidence": seen,
-            "speedup_by_k": speedups, "best_k": best, "expected_speedup": speedups.get(best, 1.0),
-        }
-
     def explain(self) -> str:
         """One line: what the policy decided, the costs and acceptance it measured, and what they predict."""
         return self._explain(self.figures())
-
-    def _main_batch(self) -> int:
-        """The batch size with the most timed forwards (1 before any timing)."""
-        counts = {b: sum(c.count for c in points.values()) for b, points in list(self._verify.items())}
-        return max(counts, key=lambda b: (counts[b], -b), default=1)
 
     def _explain(self, figures: dict) -> str:
         steps = dict(self._histogram)
