@@ -125,6 +125,30 @@ def test_cli_runs_both_workloads_and_writes_json(servers, tmp_path):
     assert "shared-system: 3/3 requests succeeded" in result.output and "later / first" in result.output
 
 
+def test_cli_runs_the_same_chats_on_llama_server_beside_ours(servers, tmp_path):
+    from llama_server_standin import install
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    (tmp_path / "system.txt").write_text(SYSTEM)
+    (tmp_path / "questions.txt").write_text("\n".join(q.replace("\n", " ") for q in QUESTIONS))
+    result = CliRunner().invoke(_cli(), ["--url", servers["on"].url, "--system-prompt", str(tmp_path / "system.txt"),
+                                         "--prompts", str(tmp_path / "questions.txt"), "--workload", "multi-turn",
+                                         "--conversations",
+                                         "2", "--turns", "2", "--max-tokens", "4", "--llama-server",
+                                         install(tmp_path), "--peer-gguf", str(gguf), "--threads", "1",
+                                         "--peer-context", "1024", "--json", str(tmp_path / "chat.json")])
+    assert result.exit_code == 0, result.output
+    assert "multi-turn: 4/4 requests succeeded" in result.output and "llama-server (" in result.output
+    report = json.loads((tmp_path / "chat.json").read_text())
+    peer = report["peers"]["llama-server"]
+    assert peer["requests"] == peer["succeeded"] == 4 and peer["config"]["run_id"] != report["config"]["run_id"]
+    command = " ".join(peer["config"]["command"])
+    assert "--jinja" in command and "-np 2" in command and "-c 2048" in command and f"-m {gguf}" in command
+    assert [row["turn"] for row in peer["per_turn"]] == [1, 2]
+    assert all(row["cached_tokens"] is not None for row in peer["per_turn"])  # its usage's cached_tokens
+
+
 @pytest.mark.parametrize("args, message", [
     (["--workload", "multi-turn", "--rate", "2"], "--rate does not apply to --workload multi-turn"),
     (["--workload", "shared-system", "--turns", "3"], "--turns does not apply"),
@@ -132,6 +156,10 @@ def test_cli_runs_both_workloads_and_writes_json(servers, tmp_path):
     (["--workload", "multi-turn", "--plot", "x.png"], "--plot does not apply"),
     (["--workload", "chat"], "use one of completions, multi-turn, shared-system"),
     (["--workload", "multi-turn", "--conversations", "0"], "conversations must be >= 1"),
+    (["--workload", "edit", "--llama-server", "x"], "--llama-server does not apply to --workload edit"),
+    (["--workload", "multi-turn", "--llama-server", "x"], "--llama-server needs the GGUF it serves"),
+    (["--workload", "multi-turn", "--llama-server", "/nope/llama-server", "--peer-gguf", "/nope/m.gguf"],
+     "not a .gguf file"),
 ])
 def test_cli_refuses_options_a_workload_ignores(args, message):
     result = CliRunner().invoke(_cli(), ["--url", f"http://127.0.0.1:{free_port()}", *args])
