@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from conftest import tiny_qwen
 from reference import assert_first_tokens_follow_target
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator, SuffixDrafter, SuffixHistory
-from specdecode.drafters.suffix_index import TokenLog, speculate
+from specdecode.drafters.suffix_drafts import speculate
+from specdecode.drafters.suffix_index import TokenLog
 
 
 def draft_of(log: TokenLog, tail, k=8, min_prob=0.1, factor=1.0):

@@ -22,7 +22,8 @@ import torch
 
 from specdecode import SuffixDrafter, SuffixHistory
 from specdecode.drafters.base import match_class
-from specdecode.drafters.suffix_index import Draft, TokenLog, speculate
+from specdecode.drafters.suffix_drafts import Draft, speculate
+from specdecode.drafters.suffix_index import TokenLog
 
 SEP = -1
 NGRAMS = (1, 2, 4, 8)

@@ -13,7 +13,8 @@ from conftest import tiny_qwen
 from reference import assert_first_tokens_follow_target, assert_matches, exact_joint
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator, SuffixDrafter, SuffixHistory
 from specdecode.backends.hf import HFBackend
-from specdecode.drafters.suffix_index import Draft, SEP, speculate_tree
+from specdecode.drafters.suffix_drafts import Draft, speculate_tree
+from specdecode.drafters.suffix_index import SEP
 from specdecode.token_tree import (ancestors_mask, chain, children, depths, verify_tree_greedy,
                                    verify_tree_sampled)
 

@@ -33,7 +33,9 @@ import torch
 
 from .base import Drafter, Proposal, match_class
 from ..token_tree import padded
-from .suffix_index import MAX_MATCH, Draft, SuffixHistory, TokenLog, speculate, speculate_tree
+from .suffix_drafts import Draft, speculate, speculate_tree
+from .suffix_history import SuffixHistory
+from .suffix_index import MAX_MATCH, TokenLog
 
 __all__ = ["SuffixDrafter", "SuffixHistory"]
 

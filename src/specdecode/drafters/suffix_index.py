@@ -1,4 +1,5 @@
-"""The index behind SuffixDrafter: token logs searched like a suffix tree, and the shared history of requests.
+"""The index behind SuffixDrafter: token logs searched like a suffix tree (TokenLog; drafting from one is
+suffix_drafts.py, the shared history of requests suffix_history.py).
 
 SuffixDecoding (Oliaro et al. 2024, "SuffixDecoding: Extreme Speculative Decoding for Emerging AI Applications")
 keeps suffix trees over the current request and over previous prompts and outputs. To draft, it finds the node of
@@ -17,8 +18,9 @@ answered here in a few numpy arrays, without building a tree:
   verified), each extended backwards to its true match length (up to MAX_MATCH). The positions that follow them
   are the children of the suffix-tree nodes on that path; counting their tokens gives the node counts (of the WALK
   most recent occurrences: recent text predicts best, and it bounds the work).
-- `SuffixHistory`: one TokenLog per key (API key; None for unkeyed rows), at most max_tokens tokens in all; the
-  least recently used documents go first (a document is used when it is added or a proposed draft came from it).
+- `SuffixHistory` (suffix_history.py): one TokenLog per key (API key; None for unkeyed rows), at most max_tokens
+  tokens in all; the least recently used documents go first (a document is used when it is added or a proposed
+  draft came from it).
 
 Memory: 20 bytes per log slot (token, 4 chain links) plus 16 per hash-head slot (4 heads, as many slots as log
 slots, rounded up to a power of two); a log holds at most as many dead tokens as live ones (else it is compacted)
@@ -43,12 +45,9 @@ well under 1 ms.
 
 from __future__ import annotations
 
-import heapq
-import threading
 from array import array
 from bisect import bisect_left, bisect_right
-from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from collections import Counter
 from operator import itemgetter
 
 import numpy as np
@@ -75,22 +74,6 @@ def _suffix_hashes(tokens: list[int]) -> list[int]:
         h = (h + tokens[-1 - d] * _POWERS[d]) & _MASK
         hashes.append(h)
     return hashes
-
-
-@dataclass
-class Draft:
-    """A chain of drafted tokens; score = the sum of each draft's estimated acceptance (the expected number
-    kept); match = the length of the context suffix it was found at; ends: the match positions that support it;
-    docs: the ids of the history documents they lie in (a history's drafts)."""
-
-    tokens: list[int] = field(default_factory=list)
-    score: float = 0.0
-    match: int = 0
-    ends: list[int] = field(default_factory=list)
-    docs: set = field(default_factory=set)
-    rows: list[list[int]] = field(default_factory=list)  # the continuations of the chosen match (a tree's source)
-    limit: int = 0  # the longest draft that match allows
-    tree: tuple | None = None  # (tokens, parents, score) of its token tree, when the drafter grows trees
 
 
 class TokenLog:
@@ -272,7 +255,7 @@ class TokenLog:
         `tail`, as the positions where they end and their true match lengths (<= len(tail)). Occurrences with
         nothing after them in the log (the context's own tail) are left out, and so are those in documents of id
         `before` or later (added after a row joined)."""
-        ends, lengths = self._match(list(tail), walk, self.start_of(before))
+        ends, lengths = self.match_lists(list(tail), walk, self.start_of(before))
         return np.array(ends, np.int64), np.array(lengths, np.int64)
 
     def start_of(self, doc_id) -> int:
@@ -282,7 +265,7 @@ class TokenLog:
         i = bisect_left(self._ids, doc_id)
         return self._starts[i] if i < len(self._ids) else self.size
 
-    def _match(self, tail: list[int], walk: int, stop: int, need: int = 1) -> tuple[list[int], list[int]]:
+    def match_lists(self, tail: list[int], walk: int, stop: int, need: int = 1) -> tuple[list[int], list[int]]:
         """match's (ends, lengths) as lists. For each n, longest first: the chain's `walk` most recent entries
         before min(stop, the last position) (a chain holds decreasing positions, so those at or past it are its
         first ones), each read backwards to its true match length; the first n with one of length >= n answers
@@ -331,7 +314,7 @@ class TokenLog:
                 longest = min(longest, n - 1)
         return [], []
 
-    def _path(self, ends: list[int], limit: int, min_prob: float) -> tuple[list[int], float, list[int]]:
+    def frequent_path(self, ends: list[int], limit: int, min_prob: float) -> tuple[list[int], float, list[int]]:
         """(tokens, score, the ends whose continuation starts with the first token) of the continuations after
         these match ends: follow the most frequent next token (ties: the most recent occurrence, ends being newest
         first) while the product of count / support stays >= min_prob. Continuations that end (SEP, or the log's
@@ -374,175 +357,3 @@ class TokenLog:
                 row = tok[e + 1:size].tolist()
                 rows.append(row + [SEP] * (k - len(row)))
         return rows
-
-
-# ---------------------------------------------------------------------------------------------- drafting
-def speculate(log: TokenLog, tail: list[int], max_tokens: int, min_prob: float, factor: float = 1.0,
-              offset: float = 0.0, before: int | None = None, beat: float | None = None) -> Draft:
-    """The best draft of at most max_tokens from log for a context ending in tail (SuffixDecoding's path
-    speculation): for each match length m found, the most frequent path below it, cut at m * factor + offset
-    tokens and where the estimated acceptance falls below min_prob; the highest score wins (ties: the longer
-    match). beat: only a draft scoring above it is wanted; where none can, the empty draft comes back (sooner)."""
-    if max_tokens <= 0 or not tail:
-        return Draft()
-    tail, need = tail if isinstance(tail, list) else list(tail), 1
-    if beat is not None and factor >= 0:  # (limits grow with the match length m)
-        # A draft of limit tokens scores at most limit (each token's estimate is <= 1, exactly so in floats too):
-        # only matches of `need` tokens or more can beat `beat`.
-        while min(max_tokens, int(need * factor + offset + 1e-6)) <= beat:
-            if need == len(tail):
-                return Draft()
-            need += 1
-    else:
-        beat = None
-    ends, lengths = log._match(tail, WALK, log.start_of(before), need)
-    if not ends:
-        return Draft()
-    best, best_score, shortest = None, 0.0, min(lengths)
-    for m in sorted(set(lengths), reverse=True) if shortest < max(lengths) else (shortest,):
-        limit = min(max_tokens, int(m * factor + offset + 1e-6))
-        if limit <= best_score or (beat is not None and limit <= beat):  # shorter matches draft no more tokens
-            break
-        chosen = ends if m == shortest else [e for e, length in zip(ends, lengths) if length >= m]
-        tokens, score, firsts = log._path(chosen, limit, min_prob)
-        if score > best_score:
-            best, best_score = (tokens, score, m, firsts, limit, chosen), score
-    if best is None or (beat is not None and best_score <= beat):
-        return Draft()
-    tokens, score, m, firsts, limit, chosen = best
-    # the continuations of the chosen match (a tree's source), read for the winner only
-    return Draft(tokens, score, m, firsts, rows=log.following(chosen, max_tokens), limit=limit)
-
-
-def speculate_tree(draft: Draft, budget: int, min_prob: float, width: int,
-                   max_leaves: int | None = None) -> tuple[list[int], list[int], float]:
-    """(tokens, parents, score) of a token tree of at most `budget` nodes from a draft's continuations: best first by
-    estimated acceptance (the product of count / support along the path, as for a chain), at most `width` children
-    per node, none below min_prob and none deeper than the draft's limit. Taking nodes in that order gives a tree
-    (a child's estimate is at most its parent's) whose first n nodes are the best tree of n nodes, and with
-    width 1 it is the chain itself. score: the sum of the nodes' estimates (the expected number kept). max_leaves: a
-    node that would make one leaf more than that is passed over (on llama.cpp each leaf takes a sequence)."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    heap: list = []
-    order, score = 0, 0.0
-
-    def expand(node: int, rows: list[list[int]], depth: int, prob: float) -> None:
-        nonlocal order
-        if depth >= draft.limit:
-            return
-        counts = Counter(r[depth] for r in rows)
-        counts.pop(SEP, None)
-        for token, count in counts.most_common(width):  # ties: the most recent occurrence first
-            child = prob * count / len(rows)
-            if child >= min_prob:
-                heapq.heappush(heap, (-child, order, node, token, depth))
-                order += 1
-        expansions[node] = rows
-
-    expansions: dict[int, list[list[int]]] = {}
-    expand(-1, draft.rows, 0, 1.0)
-    leaves, parents_taken = 0, set()
-    while heap and len(tokens) < budget:
-        neg, _, parent, token, depth = heapq.heappop(heap)
-        grows = parent < 0 or parent in parents_taken  # a child of a leaf replaces it; any other is a new leaf
-        if grows and max_leaves is not None and leaves >= max_leaves:
-            continue
-        leaves += grows
-        parents_taken.add(parent)
-        rows = [r for r in expansions[parent] if r[depth] == token]
-        tokens.append(token)
-        parents.append(parent)
-        score -= neg
-        expand(len(tokens) - 1, rows, depth + 1, -neg)
-    return tokens, parents, score
-
-
-# ---------------------------------------------------------------------------------------------- the history
-class SuffixHistory:
-    """Previous prompts and outputs, one TokenLog per key, LRU by tokens: at most max_tokens in all (a document
-    longer than that keeps its last max_tokens). Rows of one key draft only from that key's documents. Share one
-    object between drafters (a server's) to share what they have seen; it is safe to use from several threads."""
-
-    def __init__(self, max_tokens: int = 1_000_000):
-        if max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        self.max_tokens = max_tokens
-        self.tokens = 0  # live tokens, all keys
-        self._logs: dict = {}
-        self._docs: OrderedDict = OrderedDict()  # document id -> (key, tokens), least recently used first
-        self._next_id = 0
-        self._lock = threading.Lock()
-
-    @property
-    def keys(self) -> list:
-        return list(self._logs)
-
-    @property
-    def documents(self) -> int:
-        return len(self._docs)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(log.nbytes for log in self._logs.values())
-
-    def add(self, tokens, key=None) -> int | None:
-        """Remember a finished prompt + output under key; the least recently used documents make room. The new
-        document's id (None when nothing was added: no tokens, or no history)."""
-        tokens = list(tokens)[-self.max_tokens:] if self.max_tokens else []
-        if not tokens:
-            return None
-        with self._lock:
-            doc_id, self._next_id = self._next_id, self._next_id + 1
-            self._logs.setdefault(key, TokenLog()).add(tokens, doc_id)
-            self._docs[doc_id] = (key, len(tokens))
-            self.tokens += len(tokens)
-            self._evict()
-            return doc_id
-
-    def touch(self, doc_id) -> bool:
-        """Whether the document is still held; if so it becomes the most recently used (it was seen again)."""
-        with self._lock:
-            if doc_id not in self._docs:
-                return False
-            self._docs.move_to_end(doc_id)
-            return True
-
-    def _evict(self) -> None:
-        while self.tokens > self.max_tokens:
-            doc_id, (key, n) = self._docs.popitem(last=False)
-            log = self._logs[key]
-            log.remove(doc_id)
-            self.tokens -= n
-            if log.empty:
-                del self._logs[key]
-
-    @property
-    def next_id(self) -> int:
-        """The id the next document gets: a row that joins now drafts from the documents before it (before=)."""
-        return self._next_id
-
-    def speculate(self, tail: list[int], key, max_tokens: int, min_prob: float, factor: float = 1.0,
-                  offset: float = 0.0, before: int | None = None, beat: float | None = None) -> Draft:
-        """The best draft from key's documents (see `speculate`), with the documents it came from; only those of
-        ids below `before` when given."""
-        with self._lock:
-            log = self._logs.get(key)
-            if log is None:
-                return Draft()
-            draft = speculate(log, tail, max_tokens, min_prob, factor, offset, before, beat)
-            draft.docs = log.docs_at(draft.ends)
-            return draft
-
-    def used(self, draft: Draft) -> None:
-        """The documents a draft that was proposed came from become the most recently used."""
-        with self._lock:
-            for doc_id in draft.docs:
-                if doc_id in self._docs:
-                    self._docs.move_to_end(doc_id)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._logs.clear()
-            self._docs.clear()
-            self.tokens = 0
