@@ -81,7 +81,9 @@ class DecodingSession(Admission):
         self.policy = policy or gen.policy
         self.prefill_tokens_per_step = prefill_tokens_per_step
         self.device = self.target.device
-        self.rows: dict[int, Row] = {}
+        self.rows: dict[int, Row] = {}  # the rows added and not released (release)
+        self._next_index = 0  # row ids are never reused, released or not
+        self._released: set[int] = set()  # rows released while still running: forgotten once they finish
         self.batch = RowBatch.of([], self.target.vocab_size, self.device)  # the running rows
         self.waiting: deque[Row] = deque()
         self._staging: Staging | None = None
@@ -126,7 +128,8 @@ class DecodingSession(Admission):
 
     def add(self, request) -> int:
         """Queue a request; returns its row id (TokenEvent.row of its tokens). It joins at the next step."""
-        index = len(self.rows)
+        index = self._next_index
+        self._next_index += 1
         # The policy's K follows timings, which no seed reproduces: a seeded row it serves is drawn by coupling,
         # whose text does not depend on K (sampling.BatchSampling), so the seed alone fixes it.
         coupled = (request.num_speculative_tokens is None and self.policy.adaptive and request.seed is not None
@@ -154,6 +157,21 @@ class DecodingSession(Admission):
         """End a row at the next step boundary (finish_reason "cancelled"), wherever it is."""
         self.cancelled.add(index)
 
+    def release(self, indices) -> None:
+        """The caller is done with these rows (a server's request ended, answered or cancelled): their host state
+        (request, tokens, detokenizer, grammar matcher) is forgotten once they have left the batch, and result()
+        no longer knows them. A long-lived session that kept every row grew by each request's state (issue 41)."""
+        self._released.update(indices)
+        self._forget_released()
+
+    def _forget_released(self) -> None:
+        """Released rows that have finished leave `rows` (a finished row is out of the batch at a step boundary)."""
+        done = [i for i in self._released if i not in self.rows or self.rows[i].finish_reason is not None]
+        for index in done:
+            self._released.discard(index)
+            self.rows.pop(index, None)
+            self.cancelled.discard(index)
+
     def step(self) -> list[TokenEvent]:
         """One iteration: admit() then decode(); the events of both."""
         return self.admit() + self.decode()
@@ -165,6 +183,8 @@ class DecodingSession(Admission):
             self._started = time.perf_counter()
         self.steps += 1
         events = self._admit()
+        if self._released:
+            self._forget_released()
         self.stats.wall_time_s = time.perf_counter() - self._started
         return events
 
@@ -173,6 +193,8 @@ class DecodingSession(Admission):
         if self._started is None:
             self._started = time.perf_counter()
         events = self._decode_step() if self.active else []
+        if self._released:
+            self._forget_released()
         self.stats.wall_time_s = time.perf_counter() - self._started
         return events
 
@@ -362,6 +384,7 @@ class DecodingSession(Admission):
         stop_ids, stops = row.request.stop_ids, row.request.stops
         for token, kind, lp, top in zip(tokens, kinds, lps, tops):
             row.tokens.append(token)
+            self.stats.new_tokens += 1  # counted as emitted: result() cannot sum rows that were released
             row.provenance.append(kind)
             if lp is not None:
                 row.logprobs.append(lp)
@@ -411,7 +434,6 @@ class DecodingSession(Admission):
         rows = [self.rows[i] for i in (indices if indices is not None else sorted(self.rows))]
         for row in rows:
             row.stats.new_tokens = len(row.tokens)
-        self.stats.new_tokens = sum(len(r.tokens) for r in self.rows.values())
         self.stats.policy_summary = self.policy.summary()
         texts = None
         if self.gen.tokenizer is not None:

@@ -410,6 +410,7 @@ class Batcher:
     def _finish(self, job: Job, item) -> None:
         job.state = "finished"
         job.post(item)
+        self.session.release(job.rows)  # the long-lived session forgets the rows once they leave its batch
         with self._cond:
             if job in self._running:
                 self._running.remove(job)
@@ -430,6 +431,7 @@ class Batcher:
         for job in list(self._running):
             job.attempts += 1
             if job.attempts > 1 or (job.streaming and job.tokens_sent):
+                job.rows = []  # rows of the abandoned session: nothing for the new one to release
                 why = "its tokens were already streamed" if job.attempts == 1 else "it failed again when run alone"
                 self._finish(job, Failed(StepFailed(f"an engine step that decoded this request failed ({error}); "
                                                     f"it was not run again: {why}")))

@@ -1,0 +1,137 @@
+"""Nothing of a request outlives it (issue 41: a server that kept every finished row, its grammar matcher and its
+detokenizer, grew ~230 KiB per json_schema request). A live server on the tiny models takes a few hundred
+requests of one kind (json_schema chats, prompts over the context answered 400, streams dropped after their first
+chunk, logprobs with n=2, seeded chats); once it holds no request, weak references to each request's job, engine
+requests, rows and grammar matchers must all be dead, and no request body or rejected prompt may still be alive."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from specdecode.server.schemas import ChatCompletionRequest, CompletionRequest
+from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixture)
+from test_server_helpers import serve, wait_until
+
+REQUESTS = 200  # of each kind
+CLIENTS = 6
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "count": {"type": "integer"}}, "required": ["name", "count"]}
+OVER = 16  # tokens past the context of a rejected prompt (a length no other list in the process has)
+
+
+class Tracker:
+    """Weak references to the per-request objects the server makes: jobs (at submit), and each row's engine
+    request, Row and grammar matcher (at the session's add)."""
+
+    def __init__(self, batcher):
+        self.refs: list[tuple[str, weakref.ref]] = []
+        submit = batcher.submit
+
+        def tracked_submit(job):
+            self.refs.append(("Job", weakref.ref(job)))
+            return submit(job)
+
+        batcher.submit = tracked_submit
+        assert wait_until(lambda: batcher.session is not None, timeout=30)
+        session = batcher.session
+        add = session.add
+
+        def tracked_add(request):
+            index = add(request)
+            row = session.rows[index]
+            self.refs += [("Request", weakref.ref(request)), ("Row", weakref.ref(row))]
+            if row.matcher is not None:
+                self.refs.append(("Matcher", weakref.ref(row.matcher)))
+            return index
+
+        session.add = tracked_add
+
+    def clear(self) -> None:
+        self.refs.clear()
+
+    @staticmethod
+    def alive(refs) -> dict[str, int]:
+        gc.collect()
+        counts: dict[str, int] = {}
+        for name, ref in refs:
+            if ref() is not None:
+                counts[name] = counts.get(name, 0) + 1
+        return counts
+
+    def made(self, name: str) -> int:
+        return sum(1 for n, _ in self.refs if n == name)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair, tokenizer):
+    srv = serve(tiny_pair, tokenizer, max_batch_size=8, max_queue=32, max_tokens_limit=64, request_timeout=60)
+    srv.tracker = Tracker(srv.app.state.batcher)
+    yield srv
+    srv.stop()
+
+
+def _send(http: httpx.Client, kind: str, i: int, context: int) -> int:
+    chat = [{"role": "user", "content": f"request {i}: sort the list"}]
+    if kind == "json_schema":
+        return http.post("/v1/chat/completions", json={
+            "messages": chat, "max_tokens": 16, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "thing", "schema": SCHEMA}}}).status_code
+    if kind == "over_context":
+        return http.post("/v1/completions", json={"prompt": [7] * (context + OVER), "max_tokens": 4}).status_code
+    if kind == "dropped_stream":
+        with http.stream("POST", "/v1/completions", json={"prompt": f"request {i}: def", "max_tokens": 24,
+                                                          "ignore_eos": True, "stream": True}) as r:
+            for _ in r.iter_bytes():
+                break  # the first chunk, then the client goes away
+            return r.status_code
+    if kind == "logprobs_n2":
+        return http.post("/v1/completions", json={"prompt": f"request {i}: def", "max_tokens": 8, "logprobs": 2,
+                                                  "n": 2, "temperature": 0.8, "seed": i}).status_code
+    if kind == "seeded":
+        return http.post("/v1/chat/completions", json={"messages": chat, "max_tokens": 12, "temperature": 0.9,
+                                                       "top_p": 0.95, "seed": 1000 + i}).status_code
+    raise ValueError(kind)
+
+
+def _live(kind) -> int:
+    return sum(1 for o in gc.get_objects() if type(o) is kind)
+
+
+def _rejected_prompts(context: int) -> int:
+    """Lists of the rejected prompts' length still alive (the body's prompt, or a copy of it)."""
+    return sum(1 for o in gc.get_objects() if type(o) is list and len(o) == context + OVER)
+
+
+EXPECTED = {"json_schema": {200}, "over_context": {400}, "dropped_stream": {200}, "logprobs_n2": {200},
+            "seeded": {200}}
+
+
+@pytest.mark.parametrize("kind", list(EXPECTED))
+def test_no_per_request_state_outlives_its_request(server, kind):
+    batcher, tracker = server.app.state.batcher, server.tracker
+    context = server.app.state.served.context_length
+    tracker.clear()
+    gc.collect()
+    bodies = _live(CompletionRequest) + _live(ChatCompletionRequest)
+    with httpx.Client(base_url=server.url, timeout=60) as http, ThreadPoolExecutor(CLIENTS) as pool:
+        statuses = set(pool.map(lambda i: _send(http, kind, i, context), range(REQUESTS)))
+        assert statuses <= EXPECTED[kind], statuses
+        assert wait_until(lambda: batcher.running == 0 and batcher.queue_depth == 0, timeout=30)
+        made = {name: tracker.made(name) for name in ("Job", "Request", "Row", "Matcher")}
+        measured = list(tracker.refs)
+        # a few last requests of another kind: the engine thread's locals then hold them, not the measured ones
+        for i in range(2):
+            assert http.post("/v1/completions", json={"prompt": f"flush {i}", "max_tokens": 2}).status_code == 200
+    if kind != "over_context":
+        assert made["Job"] == REQUESTS and made["Row"] >= REQUESTS, made
+    if kind == "json_schema":
+        assert made["Matcher"] == REQUESTS, made
+    alive = tracker.alive(measured)
+    assert not alive, f"{kind}: still alive after the requests ended: {alive} (of {made})"
+    assert _live(CompletionRequest) + _live(ChatCompletionRequest) <= bodies + 1, "request bodies outlive them"
+    assert _rejected_prompts(context) == 0, "a rejected prompt's token list outlives its request"
