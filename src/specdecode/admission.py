@@ -88,8 +88,10 @@ class Admission:
         prompts = [r.request.prompt for r in rows]
         hits = [None] * len(rows)
         if self.prefix_cache is not None:
-            # a running row's prompt only: its answer's KV came from decode steps, not a prefill (prefix_cache.py)
-            running = [(r.request.prompt, min(n, len(r.request.prompt)))
+            # a running row's prompt only: its answer's KV came from decode steps, not a prefill (prefix_cache.py),
+            # unless answers are lent
+            lend = self.prefix_cache.answers == "lend"
+            running = [(r.request.prompt + r.tokens, n) if lend else (r.request.prompt, min(n, len(r.request.prompt)))
                        for r, n in zip(self.active, self.target.lengths)]
             hits = self.prefix_cache.admit(self.target, prompts, running, self.prefill_tokens_per_step, len(copies))
         fork = self.target.fork(len(rows))
@@ -101,6 +103,14 @@ class Admission:
         ids, valid = pad([p[r.stats.cached_tokens:] for p, r in zip(prompts, rows)], self.device, side="left")
         copies_fork = self.target.fork(len(copies)) if copies else None  # their rows, reserved now
         return Staging(rows, fork, ids, valid, copies, copies_fork)
+
+    def idle_prefill(self) -> int:
+        """Work for an idle server (an agent runs its tools between turns): one chunk of a parked answer's prefill,
+        after which the next turn takes the answer from the cache, exactly (PrefixCache.prefill_answer). The tokens
+        prefilled; 0 when there are none to do, or while rows run or wait."""
+        if self.prefix_cache is None or not self.idle:
+            return 0
+        return self.prefix_cache.prefill_answer(self.target, self.prefill_tokens_per_step)
 
     def _copy_prompts(self, staging: Staging, logits):
         """Rows whose prompt another joining row has just prefilled start from a copy of its KV and its last logits
@@ -133,11 +143,12 @@ class Admission:
         u = generators.uniforms([0 if g or r.coupled else 1 for g, r in zip(sampling.greedy_rows, rows)])
         noise = generators.noise(1, logits.shape[-1])
         masks, _ = grammars.verify_masks([[] for _ in rows], [0] * len(rows))
-        scores = sampling.scores(logits[:, -1:], masks)
+        scores = sampling.scores(logits[:, -1:], masks, joined.penalties.at_draft([]))  # the prompt's penalties
         first = verify_rows(ids[:, :0], None, scores, sampling, u, [0] * len(rows), self.gen.method,
                             noise)[1].tolist()
         generators.advance([1] * len(rows))
         grammars.advance([[t] for t in first])
+        joined.penalties.advance([[t] for t in first])
         drafter = None
         if self.drafter is not None:
             drafter = self.drafter.fork(len(rows))

@@ -17,6 +17,7 @@ import torch
 from .backends import as_backend
 from .backends.base import eos_token_ids, underlying_model
 from .drafters import Drafter, as_drafter
+from .errors import OptionError
 from .policy import make_policy
 from .rejection import METHODS
 from .results import GenerationResult, TokenEvent
@@ -27,6 +28,7 @@ from .vocab import shared_vocab_size, tokenizer_eos_ids, unwrap_model
 
 Prompts = str | Sequence[str] | Sequence[Sequence[int]]
 MAX_LOGPROBS = 20  # top alternatives per position a row may ask for (OpenAI's limit)
+OPTIONS = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias")  # request()'s
 
 
 @dataclass
@@ -133,11 +135,14 @@ class SpeculativeGenerator:
                  stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
                  num_speculative_tokens: int | str | None = None,
                  on_token: Callable[[TokenEvent], None] | None = None, json_schema=None, grammar=None, regex=None,
-                 return_logprobs: int | None = None) -> GenerationResult:
+                 return_logprobs: int | None = None, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
+                 repetition_penalty=1.0, logit_bias=None) -> GenerationResult:
         stream = self.stream(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                              top_p=top_p, seed=seed, ignore_eos=ignore_eos, stop=stop, stop_token_ids=stop_token_ids,
                              num_speculative_tokens=num_speculative_tokens, json_schema=json_schema,
-                             grammar=grammar, regex=regex, return_logprobs=return_logprobs)
+                             grammar=grammar, regex=regex, return_logprobs=return_logprobs, min_p=min_p,
+                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                             repetition_penalty=repetition_penalty, logit_bias=logit_bias)
         for event in stream:
             if on_token is not None:
                 on_token(event)
@@ -146,7 +151,8 @@ class SpeculativeGenerator:
     def stream(self, prompts: Prompts, max_new_tokens: int | Sequence[int] = 64, temperature=1.0, top_k=0,
                top_p=1.0, seed=None, ignore_eos: bool = False, stop: str | Sequence[str] | None = None,
                stop_token_ids: Sequence[int] | None = None, num_speculative_tokens: int | str | None = None,
-               json_schema=None, grammar=None, regex=None, return_logprobs: int | None = None) -> TokenStream:
+               json_schema=None, grammar=None, regex=None, return_logprobs: int | None = None, min_p=0.0,
+               presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, logit_bias=None) -> TokenStream:
         """Like generate(), as an iterator of TokenEvents. Arguments are checked here, before any work.
 
         temperature, top_k, top_p, seed, json_schema, grammar and regex take one value for every row or a list with
@@ -157,18 +163,24 @@ class SpeculativeGenerator:
         json_schema (a dict or JSON text), grammar (Lark, as llguidance takes it) or regex constrain a row's
         output; at most one of them per row. return_logprobs=N reports every new token's log-probability and the
         N most likely tokens at its position (0..20) in result.logprobs / result.top_logprobs.
+        min_p, presence_penalty, frequency_penalty, repetition_penalty and logit_bias ({token id: value}) take one
+        value or one per row too (see `request`); the output stays exactly the target's under them.
         """
         prompt_ids = self.encode(prompts)
         n = len(prompt_ids)
         seeds, indices = _row_seeds(seed, n)
         grammars = zip(_per_row(json_schema, n, "json_schema", dict), _per_row(grammar, n, "grammar"),
                        _per_row(regex, n, "regex"))
+        options = [dict(zip(OPTIONS, values)) for values in zip(
+            _per_row(min_p, n, "min_p"), _per_row(presence_penalty, n, "presence_penalty"),
+            _per_row(frequency_penalty, n, "frequency_penalty"), _per_row(repetition_penalty, n, "repetition_penalty"),
+            _per_row(logit_bias, n, "logit_bias", dict))]
         settings = zip(prompt_ids, _per_row(max_new_tokens, n, "max_new_tokens"),
                        _per_row(temperature, n, "temperature"), _per_row(top_k, n, "top_k"),
-                       _per_row(top_p, n, "top_p"), seeds, indices, grammars)
+                       _per_row(top_p, n, "top_p"), seeds, indices, grammars, options)
         requests = [self.request(ids, limit, t, k, p, s, ignore_eos, stop, stop_token_ids, seed_index=i,
-                                 constraint=self.constraint(*g), logprobs=return_logprobs)
-                    for ids, limit, t, k, p, s, i, g in settings]
+                                 constraint=self.constraint(*g), logprobs=return_logprobs, **o)
+                    for ids, limit, t, k, p, s, i, g, o in settings]
         policy = None
         if num_speculative_tokens is not None:
             speculation = Speculation.parse(num_speculative_tokens if self.drafter is not None else 0)
@@ -189,14 +201,22 @@ class SpeculativeGenerator:
                 top_p: float = 1.0, seed: int | None = None, ignore_eos: bool = False,
                 stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
                 num_speculative_tokens: int | None = None, constraint=None, logprobs: int | None = None,
-                seed_index: int = 0) -> Request:
+                seed_index: int = 0, min_p: float = 0.0, presence_penalty: float = 0.0,
+                frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logit_bias=None) -> Request:
         """A checked Request for one prompt of token ids (clear errors before any work).
 
         num_speculative_tokens fixes this row's K (0 = plain decoding, e.g. for a side-by-side race) whatever the
         session's policy; None leaves it to the policy. constraint: a constraints.ConstraintSpec (compiled here, so
         an invalid schema fails now). logprobs: None, or how many top alternatives to report (0..20). seed_index:
-        the row of its request (row i of a request seeded S draws from the stream of (S, i))."""
-        params = SamplingParams(temperature, top_k, top_p)
+        the row of its request (row i of a request seeded S draws from the stream of (S, i)). min_p (0..1),
+        presence_penalty and frequency_penalty (-2..2, over the output), repetition_penalty (> 0, over prompt +
+        output) and logit_bias ({token id: -100..100}, added to the raw logits): penalties.py has the formulas."""
+        params = SamplingParams(temperature, top_k, top_p, min_p, presence_penalty, frequency_penalty,
+                                repetition_penalty, logit_bias or ())
+        outside = [t for t, _ in params.logit_bias if t >= self.vocab_size]
+        if outside:
+            raise OptionError("logit_bias", f"logit_bias has token ids outside the vocabulary [0, {self.vocab_size}): "
+                                            f"{outside[:5]}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         context = self.target.max_positions

@@ -1,11 +1,13 @@
 """What the running batch holds per row on the host: a Row (its request, tokens, text and statistics) and the
-RowBatch of the rows in batch order, with their sampling settings, random streams and grammar states."""
+RowBatch of the rows in batch order, with their sampling settings, random streams, grammar states and the state of
+their logit_bias and penalties."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from .detokenize import IncrementalDetokenizer
+from .penalties import RowPenalties
 from .results import RowStats
 from .row_grammars import RowGrammars
 from .sampling import BatchSampling, RowGenerators
@@ -47,21 +49,24 @@ class RowBatch:
     sampling: BatchSampling  # [B] the rows' sampling settings
     generators: RowGenerators  # [B] the rows' random streams
     grammars: RowGrammars  # [B] the rows' grammar states (None for a free row)
+    penalties: RowPenalties  # [B] the rows' logit_bias and penalties with their text so far (inactive: none set)
 
     @classmethod
     def of(cls, rows: list[Row], vocab_size: int, device) -> "RowBatch":
-        coupled = [r.coupled for r in rows]
-        return cls(rows, BatchSampling([r.request.params for r in rows], device, coupled),
+        coupled, params = [r.coupled for r in rows], [r.request.params for r in rows]
+        return cls(rows, BatchSampling(params, device, coupled),
                    RowGenerators([r.request.seed for r in rows], device, coupled, [r.request.seed_index for r in rows]),
-                   RowGrammars([r.matcher for r in rows], vocab_size, device))
+                   RowGrammars([r.matcher for r in rows], vocab_size, device),
+                   RowPenalties(params, [r.request.prompt for r in rows], vocab_size, device))
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def select(self, keep: list[int]) -> "RowBatch":
         return RowBatch([self.rows[i] for i in keep], self.sampling.select(keep), self.generators.select(keep),
-                        self.grammars.select(keep))
+                        self.grammars.select(keep), self.penalties.select(keep))
 
     def extend(self, other: "RowBatch") -> "RowBatch":
         return RowBatch(self.rows + other.rows, self.sampling.extend(other.sampling),
-                        self.generators.extend(other.generators), self.grammars.extend(other.grammars))
+                        self.generators.extend(other.generators), self.grammars.extend(other.grammars),
+                        self.penalties.extend(other.penalties))

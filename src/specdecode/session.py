@@ -278,7 +278,9 @@ class DecodingSession(Admission):
             return Proposal(_no_drafts(len(plan.k_rows), self.device))
         calls = self.drafter.forward_calls
         grammars = self.batch.grammars
-        context = DraftContext(self.sampling, plan.noise, grammars if grammars.any else None)
+        penalties = self.batch.penalties
+        context = DraftContext(self.sampling, plan.noise, grammars if grammars.any else None,
+                               penalties if penalties.active else None)
         proposal = self.drafter.propose(k, context, plan.u_draft, plan.k_rows)
         self.stats.draft_forward_calls += self.drafter.forward_calls - calls
         proposal.tokens = proposal.tokens.to(self.device)
@@ -300,7 +302,8 @@ class DecodingSession(Admission):
         if drafts.parents is None:
             lengths = self.target.lengths
             logits, hidden = logits_and_hidden(self.target, ids, None, self.hidden_wanted)
-            scores = sampling.scores(logits, drafts.masks)
+            # each position's logit_bias and penalties see the kept text and the drafts before it
+            scores = sampling.scores(logits, drafts.masks, self.batch.penalties.along_chain(drafts.tokens))
             noise = None if plan.noise is None else plan.noise[:, : ids.shape[1]]  # the positions verified
             num_accepted, next_token = verify_rows(drafts.tokens, drafts.q, scores, sampling, plan.u_verify,
                                                    drafts.widths, self.gen.method, noise)
@@ -308,7 +311,8 @@ class DecodingSession(Admission):
             # Row b's cache took its last token and all the drafts: it keeps the last token and the accepted ones.
             return Verified(drafts.tokens.tolist(), accepted, next_token.tolist(), scores, hidden=hidden,
                             kept_lengths=[n + 1 + a for n, a in zip(lengths, accepted)])
-        scores = sampling.scores(self.target.forward_tree(ids, drafts.parents), drafts.masks)
+        scores = sampling.scores(self.target.forward_tree(ids, drafts.parents), drafts.masks,
+                                 self.batch.penalties.along_tree(drafts.tokens, drafts.parents))  # node: ancestors
         tokens = drafts.tokens.tolist()
         paths, next_tokens = verify_tree_rows(tokens, drafts.parents, scores, sampling, plan.u_verify, drafts.widths,
                                               plan.noise)
@@ -317,8 +321,9 @@ class DecodingSession(Admission):
 
     def _argmax_only(self, drafts: Drafts) -> bool:
         """Whether the step's verification reads nothing of the target but its argmax at each position: greedy
-        rows, no grammar, no log-probabilities asked, no hidden states for the drafter."""
+        rows, no grammar, no logit_bias or penalty, no log-probabilities asked, no hidden states for the drafter."""
         return self.sampling.all_greedy and drafts.masks is None and not self.hidden_wanted and \
+            not self.batch.penalties.active and \
             all(r.request.logprobs is None for r in self.active)
 
     def _commit(self, plan: StepPlan, verified: Verified) -> None:
@@ -331,6 +336,7 @@ class DecodingSession(Admission):
         self.batch.generators.advance([a + 1 for a in accepted])
         emitted = [verified.emitted(b) for b in range(len(self.active))]
         self.batch.grammars.advance(emitted)
+        self.batch.penalties.advance(emitted)  # the kept tokens only: a rejected draft never counts
         if self.drafter is not None:
             kept = [0 if f else a for f, a in zip(plan.forced, accepted)]
             self.drafter.update(emitted, kept, verified.hidden if self.hidden_wanted else None)
