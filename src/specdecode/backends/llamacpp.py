@@ -23,11 +23,13 @@ Token trees (token_trees=True, forward_tree / keep_paths) put a tree's tokens in
 llama.cpp allows only in one KV stream shared by every row (kv_unified). A row's branches take spare sequence ids.
 llama.cpp also rounds by the order of a row's cells: a later token placed in the freed cell of a rejected node,
 before a kept one, gets other logits. So the exact mode holds rejected branches' cells for a while (_Context.hold).
+
+Where a forward's tokens go in llama.cpp's batch, and how a forward is cut into decode calls, is llamacpp_layout.py;
+the model and context a backend and its forks share, llamacpp_context.py.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import weakref
 from pathlib import Path
@@ -38,15 +40,11 @@ import torch
 from . import register_backend
 from ..token_tree import children, depths
 from .llamacpp_context import _Context, _ParkedSequence, _RunningSequence, _end_of_generation_ids, _open
+from .llamacpp_layout import chunks, layout, reusable_prefix
 
 INSTALL_HINT = ('the llama.cpp backend needs llama-cpp-python: pip install -e ".[llamacpp]" '
                 '(builds from source: needs cmake and a C++ compiler; a few minutes with the CMAKE_ARGS of the README)')
 EXACT_TOKENS_PER_FORWARD = 3  # below the 4 tokens at which llama.cpp switches to its repacked matrix kernel
-# A prefill forward's numbers depend on its size in two ways (llama.cpp of llama-cpp-python 0.3.36, CPU): flash
-# attention takes its tiled kernel from GGML_FA_TILE_Q = 64 tokens on, and repacked matrix products take rows 4
-# at a time (the remainder through gemv). A cached prefix is reused in multiples of 64 tokens, and only where the
-# rest of the prompt then meets the same kernels as in a cold prefill (reusable_prefix).
-FA_TILE = 64
 
 
 def _llama_cpp():
@@ -193,7 +191,8 @@ class LlamaCppBackend:
         if rows_n != len(self._lengths):
             raise ValueError(f"forward got {rows_n} rows but the cache holds {len(self._lengths)}: call "
                              f"reset(batch) first")
-        rows, tokens, pos, outputs, dest = self._layout(input_ids, valid, last_only)
+        rows, tokens, pos, outputs, dest = layout(input_ids, valid, self._lengths, self.max_positions,
+                                                  self.n_vocab, last_only)
         if flat_logits is not None and valid is not None and outputs.sum() < len(flat_logits):
             flat_logits[np.setdiff1d(np.arange(len(flat_logits)), dest[outputs])] = 0
         shared, lib = self._shared, self._shared.lib
@@ -201,7 +200,7 @@ class LlamaCppBackend:
         if output_hidden:
             lib.llama_set_embeddings(shared.ctx, True)
         try:
-            parts = self._chunks(rows, pos, last_only)
+            parts = chunks(rows, pos, last_only, shared.n_batch, self.max_tokens_per_forward)
             for part in parts:
                 shared.decode(tokens[part], pos[part], seq[part], outputs[part])
                 if valid is None and len(parts) == 1:  # every row took its width
@@ -345,27 +344,9 @@ class LlamaCppBackend:
         self._tree = []
 
     def reusable_prefix(self, length: int, matched: int, budget: int | None) -> int:
-        """The longest cached prefix (a multiple of FA_TILE, at most `matched`, leaving at least the last token)
-        after which a single row's prefill runs its last forward through the same kernels as a cold prefill: the
-        same last forward, or both last forwards of at least FA_TILE tokens (every other forward holds a multiple
-        of FA_TILE tokens: the tiled kernel, whole groups of 4 rows). budget: tokens per prefill forward."""
-        if budget is not None and budget % FA_TILE:
-            return 0
-        cold = self._last_forward_start(0, length, budget)
-        for start in range(min(matched, length - 1) // FA_TILE * FA_TILE, 0, -FA_TILE):
-            warm = self._last_forward_start(start, length, budget)
-            if warm == cold or (length - warm >= FA_TILE and length - cold >= FA_TILE):
-                return start
-        return 0
-
-    def _last_forward_start(self, start: int, length: int, budget: int | None) -> int:
-        """Where the last prefill forward of positions [start, length) begins: forwards are cut at multiples of
-        `budget` (the session's prefill chunks) and of n_batch (this backend's, _chunks), counted from position 0."""
-        n_batch = self._shared.n_batch
-        cuts = [start, (length - 1) // n_batch * n_batch]
-        if budget:
-            cuts.append((length - 1) // budget * budget)
-        return max(c for c in cuts if c < length)
+        """The longest cached prefix after which a single row's prefill meets a cold prefill's kernels
+        (llamacpp_layout.reusable_prefix)."""
+        return reusable_prefix(length, matched, budget, self._shared.n_batch)
 
     def close(self) -> None:
         """Forget this backend's rows; llama.cpp's model and context are freed with the last backend using them
@@ -373,96 +354,12 @@ class LlamaCppBackend:
         self._shared.release(self._seqs)
         self._seqs, self._lengths = [], []
 
-    # ------------------------------------------------------------------ helpers
-    def _layout(self, input_ids: torch.Tensor, valid: torch.Tensor | None, last_only: bool):
-        """The real tokens in row-major order: (row, token, position, wants logits, index into the flat output)."""
-        # token ids as they are (checked below, then written to llama.cpp's int32 batch): no conversion op per step
-        if isinstance(input_ids, np.ndarray):
-            ids = input_ids
-        elif input_ids.device.type == "cpu" and input_ids.dtype in (torch.int64, torch.int32):
-            ids = input_ids.numpy()
-        else:
-            ids = input_ids.detach().to("cpu", torch.int64).numpy()
-        rows_n, width = ids.shape
-        if valid is None:  # every token real (a decoding step): the shape's index arrays are cached
-            return self._unpadded_layout(ids, last_only)
-        mask = valid.detach().to("cpu", torch.bool).numpy()
-        rows, cols = np.nonzero(mask)
-        rank, counts = (np.cumsum(mask, axis=1) - 1)[rows, cols], mask.sum(axis=1)
-        lengths = np.asarray(self._lengths, dtype=np.int64)
-        if (lengths + counts > self.max_positions).any():
-            b = int(np.argmax(lengths + counts > self.max_positions))
-            self._too_long(b, int(lengths[b] + counts[b]))
-        tokens = ids[rows, cols]
-        self._check_tokens(tokens)
-        pos = (lengths[rows] + rank).astype(np.int32)
-        if last_only:  # each row's last real token, into [B, 1, V]
-            return rows, tokens, pos, rank == counts[rows] - 1, rows
-        return rows, tokens, pos, np.ones(len(tokens), dtype=bool), rows * width + cols
-
-    def _unpadded_layout(self, ids: np.ndarray, last_only: bool):
-        """_layout of a batch without padding, in as few numpy calls as it takes: a plain step runs it every token,
-        right after llama.cpp has swept the caches, where each call costs several times its warm time."""
-        rows_n, width = ids.shape
-        rows, cols, everything, flat = _grid(rows_n, width)
-        longest = max(self._lengths, default=0)
-        if longest + width > self.max_positions:
-            self._too_long(self._lengths.index(longest), longest + width)
-        tokens = ids.reshape(-1)
-        self._check_tokens(tokens)
-        pos = np.asarray(self._lengths, dtype=np.int32)[rows] + cols
-        if last_only:
-            return rows, tokens, pos, cols == width - 1, rows
-        return rows, tokens, pos, everything, flat
-
-    def _too_long(self, b: int, n: int):
-        raise ValueError(f"row {b} would hold {n} tokens, more than the llama.cpp context of {self.max_positions}: "
-                         f"build the backend with a larger n_ctx")
-
-    def _check_tokens(self, tokens: np.ndarray) -> None:
-        if len(tokens) <= 64:  # a decoding step's few tokens: Python's min and max are ~10x cheaper than numpy's here
-            values = tokens.tolist()
-            if values and (min(values) < 0 or max(values) >= self.n_vocab):
-                raise ValueError(f"token ids outside the model's vocabulary [0, {self.n_vocab})")
-        elif tokens.min() < 0 or tokens.max() >= self.n_vocab:
-            raise ValueError(f"token ids outside the model's vocabulary [0, {self.n_vocab})")
-
-    def _chunks(self, rows: np.ndarray, pos: np.ndarray, last_only: bool) -> list[slice]:
-        """The llama_decode calls, as slices of the row-major tokens: n_batch tokens at a time; in the exact mode
-        one row at a time, and a verification (all positions wanted) by max_tokens_per_forward tokens. A prefill
-        (last_only) is also cut where a row reaches a multiple of n_batch, as a cold prefill from position 0 is
-        (llama-cpp-python's own chunks), so a row that starts from a cached prefix runs the same forwards as a
-        cold one from its next multiple of n_batch on."""
-        n_batch = self._shared.n_batch
-        if len(rows) == 1:  # a plain step of one row: one call, nothing to cut
-            return [slice(0, len(rows))]
-        cuts = {0}
-        if self.max_tokens_per_forward is not None:
-            cuts.update(np.flatnonzero(np.diff(rows, prepend=-1)).tolist())
-        if last_only:
-            cuts.update(np.flatnonzero((pos % n_batch == 0) & (pos > 0)).tolist())
-        step = n_batch if last_only or self.max_tokens_per_forward is None else min(
-            n_batch, self.max_tokens_per_forward)
-        starts = sorted(c for c in cuts if c < len(rows))
-        return [slice(s, min(s + step, end)) for start, end in zip(starts, [*starts[1:], len(rows)])
-                for s in range(start, end, step)]
 
     def __repr__(self) -> str:
         mode = "exact" if self.max_tokens_per_forward == EXACT_TOKENS_PER_FORWARD else (
             f"max {self.max_tokens_per_forward} tokens/forward" if self.max_tokens_per_forward else "unsplit")
         return (f"LlamaCppBackend({self.name!r}, vocab {self.vocab_size}, n_ctx {self.max_positions}, "
                 f"rows <= {self.max_rows}, {mode})")
-
-
-@functools.lru_cache(maxsize=64)
-def _grid(rows_n: int, width: int) -> tuple[np.ndarray, ...]:
-    """Of every token of an unpadded [rows_n, width] batch in row-major order: its row, its column, True (it wants
-    logits) and its flat index; read-only. The same few shapes come back every step."""
-    rows, cols = np.repeat(np.arange(rows_n), width), np.tile(np.arange(width, dtype=np.int32), rows_n)
-    arrays = rows, cols, np.ones(rows_n * width, dtype=bool), np.arange(rows_n * width)
-    for a in arrays:
-        a.flags.writeable = False
-    return arrays
 
 
 # ---------------------------------------------------------------------------------------------- loading
