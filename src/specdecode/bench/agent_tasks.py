@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path, PurePosixPath
 
+# The tools are named: without the names the 1.5B coder invents one ("add_docstrings") on some tasks.
 SYSTEM = ("You are a coding agent working in a small repository. You can only see and change files through the "
-          "tools. To change a file, read it, then write the whole new content back with write_file. When the task "
-          "is done, answer with one short sentence.")
+          "tools list_files, read_file and write_file, one call at a time. To change a file, read it, then write "
+          "the whole new content back with write_file. When the task is done, answer with one short sentence.")
 TOOLS = [
     {"type": "function", "function": {
         "name": "list_files", "description": "List the files of the repository.",
