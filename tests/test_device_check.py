@@ -19,6 +19,8 @@ from conftest import tiny_qwen
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator
 from specdecode.backends.hf import HFBackend
 from specdecode.bench import device_check as dc
+from specdecode.bench import device_sections as sections
+from specdecode.bench import device_wheels as wheels
 from specdecode.bench.replay_drafter import ReplayDrafter
 from specdecode.drafters.model import ModelDrafter
 
@@ -58,7 +60,7 @@ def test_the_dry_run_ran_the_device_tests(dry_run):
 
 
 def test_the_dry_run_measured_v_and_c(dry_run):
-    plan, costs = dc.Plan.dry(), dry_run[0]["sections"]["costs"]["result"]
+    plan, costs = sections.Plan.dry(), dry_run[0]["sections"]["costs"]["result"]
     assert costs["complete"]
     seen = {(r["size"], r["backend"], r["batch"]) for r in costs["rows"]}
     assert seen == {(s, b, n) for s in plan.sizes for b in ("static", "transformers") for n in plan.batches}
@@ -69,7 +71,7 @@ def test_the_dry_run_measured_v_and_c(dry_run):
 
 
 def test_the_dry_run_measured_the_engine_against_the_prediction(dry_run):
-    plan, over = dc.Plan.dry(), dry_run[0]["sections"]["overhead"]["result"]
+    plan, over = sections.Plan.dry(), dry_run[0]["sections"]["overhead"]["result"]
     assert {(r["alpha"], r["k"]) for r in over["rows"]} == {(a, k) for a in plan.alphas for k in (plan.fixed_k, "auto")}
     for row in over["rows"]:
         assert row["same_as_plain"] and row["off_record_tokens"] == 0  # greedy: the target's own tokens
@@ -94,25 +96,25 @@ def test_the_dry_run_measured_llamacpp_or_says_why_not(dry_run):
 
 
 def test_the_carried_wheels_cover_what_the_machine_lacks(tmp_path):
-    missing = dc.missing_on_device(dc.required_packages())
+    missing = wheels.missing_on_device(wheels.required_packages())
     # every direct requirement of the project is on the machine or carried
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     for line in project:
-        name = dc.normalize(line.split(">")[0].split("=")[0].split("<")[0].split("[")[0].strip())
-        assert name in dc.DEVICE_PACKAGES or name in missing, name
+        name = wheels.normalize(line.split(">")[0].split("=")[0].split("<")[0].split("[")[0].strip())
+        assert name in wheels.DEVICE_PACKAGES or name in missing, name
     assert {"gguf", "llguidance", "llama-cpp-python", "diskcache"} <= set(missing)  # and their own needs
-    assert not set(missing) & dc.DEVICE_PACKAGES
+    assert not set(missing) & wheels.DEVICE_PACKAGES
     # the completeness check sees a wheel that is not there
     folder = tmp_path / "wheels"
     folder.mkdir()
     for name in missing:
         (folder / f"{name.replace('-', '_')}-1.0-py3-none-any.whl").write_bytes(b"")
-    assert dc.wheel_report(folder)["complete"]
+    assert wheels.wheel_report(folder)["complete"]
     (folder / "gguf-1.0-py3-none-any.whl").unlink()
-    report = dc.wheel_report(folder)
+    report = wheels.wheel_report(folder)
     assert not report["complete"] and report["absent"] == ["gguf"]
-    if dc.WHEELS.is_dir():  # prepared here (scripts/device_check.sh --prepare): it must be complete
-        assert dc.wheel_report()["absent"] == []
+    if wheels.WHEELS.is_dir():  # prepared here (scripts/device_check.sh --prepare): it must be complete
+        assert wheels.wheel_report()["absent"] == []
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +158,7 @@ def test_a_wheel_retagged_for_any_cpython_keeps_a_valid_record(tmp_path):
         whl.writestr("llama_cpp_python-0.3.36.dist-info/RECORD",
                      "llama_cpp/__init__.py,sha256=abc,6\nllama_cpp_python-0.3.36.dist-info/WHEEL,sha256=old,40\n"
                      "llama_cpp_python-0.3.36.dist-info/RECORD,,\n")
-    new = dc.retag_py3_none(path)
+    new = wheels.retag_py3_none(path)
     assert new.name == "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl" and not path.exists()
     with zipfile.ZipFile(new) as whl:
         wheel = whl.read("llama_cpp_python-0.3.36.dist-info/WHEEL")
@@ -165,4 +167,4 @@ def test_a_wheel_retagged_for_any_cpython_keeps_a_valid_record(tmp_path):
         record = whl.read("llama_cpp_python-0.3.36.dist-info/RECORD").decode()
         assert f"llama_cpp_python-0.3.36.dist-info/WHEEL,sha256={digest},{len(wheel)}" in record
         assert whl.read("llama_cpp/__init__.py") == b"x = 1\n"
-    assert dc.retag_py3_none(new) == new  # already py3-none: left as it is
+    assert wheels.retag_py3_none(new) == new  # already py3-none: left as it is

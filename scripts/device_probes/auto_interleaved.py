@@ -2,7 +2,7 @@
 import json, os, statistics, sys, time
 import torch
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator
-from specdecode.bench.device_check import _static, _sync
+from specdecode.bench.device_sections import _static, _sync
 from common import setup
 from specdecode.bench.replay_drafter import ReplayDrafter
 from specdecode.drafters.model import ModelDrafter

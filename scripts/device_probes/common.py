@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from specdecode.bench.device_check import Plan
+from specdecode.bench.device_sections import Plan
 from specdecode.bench.random_models import SHAPES, build_qwen
 
 

@@ -5,7 +5,7 @@ import cProfile, io, json, os, pstats, sys, time
 import torch
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator
 from specdecode.backends.hf import HFBackend
-from specdecode.bench.device_check import _sync
+from specdecode.bench.device_sections import _sync
 from common import setup
 
 plan, out, device, target, draft, vocab = setup()
