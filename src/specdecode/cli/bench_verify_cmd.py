@@ -12,17 +12,15 @@ import typer
 from .app import app
 from .bench_output import fmt, quiet, write_json
 from .common import CLIError, load_pair, make_generator, out, progress_bar, user_errors
-from .options import ModelOptions, model_options
+from .options import OPTIONS, ModelOptions, SamplingOptions, model_options, sampling_options
 
 
 @app.command("verify")
 @model_options(k_default="4")
+@sampling_options(temperature=1.0, top_k=3, only=("temperature", "top_k", "top_p", *OPTIONS), help={
+    "temperature": "Sampling temperature (0 = greedy: every sample must equal the greedy continuation).",
+    "top_k": "Top-k (0 = off). A small top-k keeps the joint distribution enumerable and the test sharp."})
 def verify(
-    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature (0 = greedy: every sample "
-                                      "must equal the greedy continuation)."),
-    top_k: int = typer.Option(3, "--top-k", help="Top-k (0 = off). A small top-k keeps the joint distribution "
-                              "enumerable and the test sharp."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Top-p (1.0 = off)."),
     samples: int = typer.Option(2000, "--samples", "-N", help="Speculative samples per prompt."),
     positions: int = typer.Option(4, "--positions", "-P", help="Tokens per sample whose joint distribution is "
                                   "checked. Steps draft at most P−2 tokens: use P >= K+2 to exercise full steps."),
@@ -38,12 +36,13 @@ def verify(
                                   "compute the exact distribution."),
     json_path: Optional[str] = typer.Option(None, "--json", help="Write the full report to this JSON file ('-' = "
                                             "stdout)."),
+    sampling: SamplingOptions = None,
     opts: ModelOptions = None,
 ) -> None:
     """Check on your pair that speculative sampling is lossless.
 
     For each prompt, the target's exact distribution of the first P tokens
-    (joint and per position, after the same temperature/top-k/top-p) is
+    (joint and per position, after the same sampling options) is
     computed by running the target alone on every likely prefix; N
     speculative samples are compared with it by total-variation distance and
     chi-square tests. PASS means no deviation was detected at this sample
@@ -53,9 +52,7 @@ def verify(
     with user_errors():
         from ..bench.prompts import load_prompts
         from ..evals.verify import DEFAULT_PROMPTS, verify_pair
-        from ..sampling import SamplingParams
-
-        params = SamplingParams(temperature, top_k, top_p)
+        params = sampling.params
         k = opts.num_speculative_tokens
         for name, value, low in (("--samples", samples, 1), ("--positions", positions, 1),
                                  ("--batch-size", batch_size, 1), ("--nb-prompts", nb_prompts, 1),
@@ -96,13 +93,23 @@ def _full_steps(report: dict) -> bool:
     return report["max_drafts_per_step_exercised"] >= (1 if k == "auto" else k)
 
 
+def _options_text(sampling: dict) -> str:
+    """The options set beyond temperature, top-k and top-p, as ", min_p 0.1, repetition_penalty 1.3" (or "")."""
+    neutral = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+    parts = [f"{name} {sampling[name]:g}" for name, off in neutral.items() if sampling.get(name, off) != off]
+    if sampling.get("logit_bias"):
+        parts.append(f"logit_bias on {len(sampling['logit_bias'])} token(s)")
+    return "".join(", " + p for p in parts)
+
+
 def _print_verify(report: dict, tokenizer) -> None:
     from rich.markup import escape
     from rich.table import Table
 
     s = report["sampling"]
     out.print(f"[bold]specdecode verify[/]: {report['target']} with draft {report['draft']}, K={report['k']}, "
-              f"{report['method']}; T={s['temperature']:g}, top-k {s['top_k'] or 'off'}, top-p {s['top_p']:g}; "
+              f"{report['method']}; T={s['temperature']:g}, top-k {s['top_k'] or 'off'}, top-p {s['top_p']:g}"
+              f"{_options_text(s)}; "
               f"{report['samples_per_prompt']} samples × {report['positions']} tokens per prompt; "
               f"{report['num_tests']} tests at level {report['level_per_test']:.1e} each (α = {report['alpha']:g}).")
     for r, text in zip(report["prompts"], report["prompt_texts"]):

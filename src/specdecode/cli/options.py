@@ -3,7 +3,8 @@
 `@model_options(...)` replaces a command's `opts: ModelOptions` parameter by the shared model options (target,
 draft, -k, method, backend, device, dtype, quantization, prepacking, threads, remote code) and hands the command
 one ModelOptions (specdecode.pair) built from them. `@sampling_options(...)` does the same for --temperature,
---top-k, --top-p and --seed, handing a SamplingOptions checked by SamplingParams. A new option is one field and
+--top-k, --top-p, --seed, --min-p, the penalties and --logit-bias, handing a SamplingOptions checked by
+SamplingParams. A new option is one field and
 one declaration below, for every command. Values are checked by the library (Speculation.parse for -k,
 SamplingParams for sampling, the backend registry for --backend), here before the command runs; the CLI only
 words the error with its flag.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 from dataclasses import dataclass, fields
 from typing import Optional
 
@@ -114,6 +116,11 @@ class SamplingOptions:
     top_k: int
     top_p: float
     seeds: tuple[Optional[int], ...]
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def temperature(self) -> float:
@@ -128,8 +135,19 @@ class SamplingOptions:
         return all(t == 0.0 for t in self.temperatures)
 
     def generation_kwargs(self) -> dict:
-        """temperature, top_k and top_p as the generators' generate() and stream() take them."""
-        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        """temperature, top_k, top_p, min_p, the penalties and logit_bias as the generators' generate() and stream()
+        take them."""
+        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                    **{name: getattr(self, name) for name in OPTIONS if name != "logit_bias"},
+                    logit_bias=dict(self.logit_bias))
+
+    @property
+    def params(self):
+        """The first temperature's SamplingParams (what a command that samples one setting checks against)."""
+        from ..sampling import SamplingParams
+
+        return SamplingParams(self.temperature, self.top_k, self.top_p,
+                              **{name: getattr(self, name) for name in OPTIONS})
 
 
 SAMPLING_HELP = {
@@ -137,14 +155,24 @@ SAMPLING_HELP = {
     "top_k": "Sample only from the k most likely tokens (0 = off).",
     "top_p": "Nucleus sampling mass in (0, 1] (1.0 = off).",
     "seed": "Seed for sampling.",
+    "min_p": "Drop tokens below MIN_P x the top token's probability, after top-p (0 = off; transformers' order).",
+    "presence_penalty": "Subtract this (-2..2) from the logit of every token the output already holds (OpenAI).",
+    "frequency_penalty": "Subtract this (-2..2) times its count in the output from each token's logit (OpenAI).",
+    "repetition_penalty": "Divide positive and multiply negative logits of the tokens in prompt + output by this "
+                          "(> 0; 1 = off; transformers, vLLM).",
+    "logit_bias": "Add to raw logits: TOKEN_ID:VALUE pairs, comma separated (50256:-100,13:2.5), or a JSON object; "
+                  "values in [-100, 100].",
 }
+OPTIONS = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias")  # beyond warping
 
 
 def sampling_options(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: Optional[int] = None,
-                     lists: tuple[str, ...] = (), only: tuple[str, ...] = ("temperature", "top_k", "top_p", "seed"),
+                     lists: tuple[str, ...] = (),
+                     only: tuple[str, ...] = ("temperature", "top_k", "top_p", "seed", *OPTIONS),
                      help: Optional[dict] = None):
-    """Give a Typer command --temperature, --top-k, --top-p and --seed in place of its `sampling:
-    SamplingOptions` parameter, with these defaults.
+    """Give a Typer command --temperature, --top-k, --top-p, --seed, --min-p, --presence-penalty,
+    --frequency-penalty, --repetition-penalty and --logit-bias in place of its `sampling: SamplingOptions`
+    parameter, with these defaults.
 
     lists: of "temperature" and "seed", those that take a comma list (0,0.7,1). only: the options the command
     has (the others keep their defaults). help: field -> help text replacing the shared one.
@@ -153,8 +181,11 @@ def sampling_options(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.
     for name in lists:
         texts[name] += " A comma list (0,0.7,1) sweeps them." if name == "temperature" else \
             " A comma list (0,1,2) pools them."
-    defaults = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
-    types = {"temperature": float, "top_k": int, "top_p": float, "seed": Optional[int]}
+    defaults = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed, "min_p": 0.0,
+                "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": None}
+    types = {"temperature": float, "top_k": int, "top_p": float, "seed": Optional[int], "min_p": float,
+             "presence_penalty": float, "frequency_penalty": float, "repetition_penalty": float,
+             "logit_bias": Optional[str]}
     option = functools.partial(typer.Option, rich_help_panel=SAMPLING_PANEL)
     declared = {}
     for name in only:
@@ -167,21 +198,38 @@ def sampling_options(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.
         values = {**defaults, **values}
         temperatures = _numbers(values["temperature"], float, "temperature")
         seeds = _numbers(values["seed"], int, "seed") if values["seed"] is not None else (None,)
-        params = [_sampling_params(t, values["top_k"], values["top_p"]) for t in temperatures]
+        options = {name: values[name] for name in OPTIONS if name != "logit_bias"}
+        options["logit_bias"] = _logit_bias(values["logit_bias"])
+        params = [_sampling_params(t, values["top_k"], values["top_p"], options) for t in temperatures]
         return SamplingOptions(tuple(dict.fromkeys(p.temperature for p in params)), params[0].top_k,
-                               params[0].top_p, seeds)
+                               params[0].top_p, seeds, **{name: getattr(params[0], name) for name in OPTIONS})
 
     return functools.partial(_replace_parameter, name="sampling", declared=declared, build=build)
 
 
-def _sampling_params(temperature, top_k, top_p):
+def _sampling_params(temperature, top_k, top_p, options: dict):
     from ..errors import OptionError
     from ..sampling import SamplingParams
 
     try:
-        return SamplingParams(temperature, top_k, top_p)
+        return SamplingParams(temperature, top_k, top_p, **options)
     except ValueError as e:  # its messages start with the field's name
         raise OptionError(str(e).split(" ", 1)[0], str(e)) from None
+
+
+def _logit_bias(text: Optional[str]) -> dict:
+    """--logit-bias: TOKEN_ID:VALUE pairs separated by commas, or a JSON object {"TOKEN_ID": VALUE}."""
+    if not text or not text.strip():
+        return {}
+    try:
+        if text.strip().startswith("{"):
+            pairs = list(json.loads(text).items())
+        else:
+            pairs = [part.split(":") for part in text.split(",") if part.strip()]
+        return {int(str(token).strip()): float(value) for token, value in pairs}
+    except (ValueError, TypeError, AttributeError):
+        raise CLIError(f"--logit-bias takes TOKEN_ID:VALUE pairs separated by commas (50256:-100,13:2.5) or a "
+                       f"JSON object ({{\"50256\": -100}}), got {text!r}") from None
 
 
 def _numbers(value, kind, option: str) -> tuple:

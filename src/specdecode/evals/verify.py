@@ -2,7 +2,7 @@
 
 What it checks. For each prompt, the first P tokens that the speculative generator samples must follow the
 target's own distribution: the first token from p(·|prompt), the second from p(·|prompt, x1), and so on, all
-after the same warping (temperature, top-k, top-p). This exact reference is computed by running the TARGET
+after the same sampling options (logit_bias and the penalties over each prefix, temperature, top-k, top-p, min_p). This exact reference is computed by running the TARGET
 ALONE on every prefix that carries enough probability (a tree of prefixes, expanded level by level), so the
 exact joint distribution of the first P tokens and each position's exact marginal are known without any
 sampling. N sequences are then sampled with the speculative generator (batches of copies of the prompt), and
@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from ..penalties import RowPenalties
 from ..sampling import SamplingParams, logits_to_probs
 from ..bench import stats as st
 
@@ -106,7 +107,8 @@ def exact_distribution(backend, prompt_ids: list[int], params: SamplingParams, p
             ids = torch.tensor([list(prompt_ids) + list(prefix) for prefix, _ in batch], dtype=torch.long,
                                device=device)
             backend.reset(len(batch))
-            logits = backend.forward(ids, last_only=True)[:, -1].float()
+            logits = _adjusted(backend.forward(ids, last_only=True)[:, -1].float(), params, prompt_ids,
+                               [prefix for prefix, _ in batch], vocab_size)
             rows += len(batch)
             if params.greedy:
                 cond = torch.zeros_like(logits, dtype=torch.float64)
@@ -127,6 +129,22 @@ def exact_distribution(backend, prompt_ids: list[int], params: SamplingParams, p
             progress(f"exact distribution: position {j + 1}/{positions}, {len(chosen)} prefixes")
         level = next_level
     return ExactDistribution(positions, joint, marginals, expanded, rows)
+
+
+def _adjusted(logits: torch.Tensor, params: SamplingParams, prompt_ids: list[int], prefixes: list[tuple[int, ...]],
+              vocab_size: int) -> torch.Tensor:
+    """The logits after each prefix with the logit_bias and penalties of params (the prefix is the output so far)."""
+    state = RowPenalties([params] * len(prefixes), [list(prompt_ids)] * len(prefixes), vocab_size, logits.device)
+    state.advance([list(p) for p in prefixes])
+    path = state.at_draft([])
+    return logits if path is None else path.apply(logits)
+
+
+def options(params: SamplingParams) -> dict:
+    """The generate() keywords of params beyond temperature, top-k and top-p."""
+    return dict(min_p=params.min_p, presence_penalty=params.presence_penalty,
+                frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
+                logit_bias=dict(params.logit_bias))
 
 
 def sample_exact(exact: ExactDistribution, n: int, seed: int = 0) -> list[tuple[int, ...]]:
@@ -164,7 +182,7 @@ def sample_speculative(generator, prompt_ids: list[int], params: SamplingParams,
         rows = min(batch_size, n - len(out.sequences))
         result = generator.generate([list(prompt_ids)] * rows, max_new_tokens=positions,
                                     temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                                    seed=[(seed, len(out.sequences) + j) for j in range(rows)], ignore_eos=True)
+                                    **options(params), seed=[(seed, len(out.sequences) + j) for j in range(rows)], ignore_eos=True)
         for tokens, kinds in zip(result.token_ids, result.provenance):
             if len(tokens) != positions:
                 raise RuntimeError(f"the generator returned {len(tokens)} tokens instead of {positions}")
@@ -260,7 +278,8 @@ def verify_pair(generator, prompts: list[list[int]], params: SamplingParams, pos
         "pass": all(r["pass"] for r in results),
         "alpha": alpha, "num_tests": num_tests, "level_per_test": alpha / num_tests,
         "samples_per_prompt": samples, "positions": positions,
-        "sampling": {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p},
+        "sampling": {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
+                     **options(params)},
         "k": generator.num_speculative_tokens, "max_drafts_per_step_exercised": drafts_per_step,
         "speculative_path_exercised": exercised,
         "prompts": results,
