@@ -169,14 +169,20 @@ def test_a_named_function_is_the_one_called(client):
         assert [name for name, _ in _check_calls(res.choices[0].message)] == ["get_time"]
 
 
+STRICT = {"specdecode": {"strict_tool_calls": True}}  # the template's own <tool_call> blocks only
+
+
 def test_parallel_calls_come_in_order_and_valid(client):
+    """Calls follow calls (in <tool_call> blocks: the tiny random model seldom opens a JSON list), at most one per
+    tool by default, never the same call twice."""
     counts = []
     for seed in range(8):
-        choice = _ask(client, tool_choice="required", temperature=1.0, seed=seed).choices[0]
+        choice = _ask(client, tool_choice="required", temperature=1.0, seed=seed, extra_body=STRICT).choices[0]
         assert choice.finish_reason in ("tool_calls", "length")
         calls = _check_calls(choice.message, cut=choice.finish_reason == "length")
         if choice.finish_reason == "tool_calls":
             counts.append(len(calls))
+            assert len({json.dumps(c) for c in calls}) == len(calls) <= len(TOOLS), calls
     assert counts and max(counts) >= 2, counts  # the grammar lets a call follow a call
     single = [len(_check_calls(_ask(client, tool_choice="required", temperature=1.0, seed=s,
                                     parallel_tool_calls=False).choices[0].message)) for s in range(4)]
@@ -435,8 +441,8 @@ def test_the_parser_keeps_text_and_cut_answers():
     assert parser.content == "<tool the text" and not parser.calls
     parser, _ = _parse(CALLS[:-len("\n</tool_call>") + 2], 5)  # cut inside the closing marker: the call is whole
     assert parser.calls[-1].complete and json.loads(parser.calls[-1].arguments)["days"] == 2
-    parser, _ = _parse(CALLS[:30], 4)  # cut in a call's head: kept as content
-    assert len(parser.calls) == 0 and parser.content == CALLS[:30]
+    parser, deltas = _parse(CALLS[:30], 4)  # cut in a call's head: nothing of it is content
+    assert len(parser.calls) == 0 and parser.content == "" and not deltas
     parser, _ = _parse(CALLS[:-20], 4)  # cut in the arguments: as far as they got
     assert not parser.calls[-1].complete and CALLS[:-20].endswith(parser.calls[-1].arguments)
 
@@ -460,11 +466,10 @@ def test_auto_allows_text_then_calls_where_the_marker_is_a_token(tool_tokenizer,
     """Under "auto" the grammar allows text, calls, and (with `<tool_call>` a token of its own, as in Qwen2.5) text
     and then calls; never text after calls, nor an unknown tool."""
     from specdecode.constraints import ConstraintSpec, GrammarCompiler
-    from specdecode.tool_calls import markers as marker_terms
-    from specdecode.tool_calls import parse_tools, tool_grammar
+    from specdecode.tool_calls import parse_tools, tool_format
 
     eos = tool_tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    grammar = tool_grammar(parse_tools(TOOLS), "auto", marks=marker_terms(tool_tokenizer))
+    grammar = tool_format(tool_tokenizer, parse_tools(TOOLS), "auto", strict=True).grammar()
     compiled = GrammarCompiler(tool_tokenizer, len(tool_tokenizer), eos_token_ids=[eos]).compile(
         ConstraintSpec.of(grammar=grammar))
 
@@ -490,14 +495,15 @@ def test_sampled_calls_follow_the_targets_constrained_joint(tiny_pair, tokenizer
     from reference import assert_matches
     from specdecode import SpeculativeGenerator
     from specdecode.constraints import ConstraintSpec
-    from specdecode.tool_calls import parse_tools, tool_grammar
+    from specdecode.tool_calls import parse_tools
+    from specdecode.tool_dialects import Hermes, ToolFormat
     from test_structured import constrained_joint
 
     tools = parse_tools([
         {"type": "function", "function": {"name": "up", "parameters": {
             "type": "object", "properties": {"x": {"enum": [1, 2]}}, "required": ["x"]}}},
         {"type": "function", "function": {"name": "down"}}])
-    grammar = tool_grammar(tools, "required", parallel=False)
+    grammar = ToolFormat.of(tokenizer, Hermes(), tools, "required", parallel=False, strict=True).grammar()
     prompt, length = tokenizer("The quick brown fox")["input_ids"], 47  # up to the argument's value
     joint = constrained_joint(tiny_pair[0], tokenizer, prompt, ConstraintSpec.of(grammar=grammar), length, 1.0)
     assert len(joint) >= 3  # up 1, up 2, down (and tokenizations of them)

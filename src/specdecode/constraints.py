@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .distinct_calls import DISTINCT_CALLS, DistinctCallsMatcher, TokenTable
 from .vocab import token_ids
 
 KINDS = ("json_schema", "json_object", "grammar", "regex")
@@ -252,10 +253,14 @@ class CompiledGrammar:
         self.warnings: list[str] = list(template.get_grammar_warnings())
 
     def matcher(self) -> "Matcher":
-        """A fresh state at the start of the output."""
+        """A fresh state at the start of the output (a tool grammar that allows several calls refuses repeats:
+        distinct_calls.py)."""
         with self._lock:
             engine = self._template.deep_copy()
-        return Matcher(engine, self.compiler)
+        matcher = Matcher(engine, self.compiler)
+        if self.spec.kind == "grammar" and self.spec.source.startswith(DISTINCT_CALLS):
+            return DistinctCallsMatcher(matcher, TokenTable.of(self.compiler))
+        return matcher
 
 
 # ----------------------------------------------------------------------------------------------------- the mask
@@ -307,6 +312,21 @@ class TokenMask:
         if self.bits is None:
             return True
         return token < self.known and bool((int(self.bits[token >> 3]) >> (token & 7)) & 1)
+
+    def count(self) -> int:
+        """How many ids are allowed."""
+        if self.bits is None:
+            return self.width
+        full, rest = divmod(self.known, 8)
+        tail = int(self.bits[full]) & ((1 << rest) - 1) if rest else 0
+        return int(np.unpackbits(self.bits[:full]).sum()) + bin(tail).count("1")
+
+    def without(self, ids) -> "TokenMask":
+        """This mask less the given ids."""
+        bits = self.bits.copy() if self.bits is not None else np.packbits(np.ones(self.width, bool), bitorder="little")
+        for t in ids:
+            bits[t >> 3] &= ~np.uint8(1 << (t & 7))
+        return TokenMask(bits, self.known, self.width)
 
     def as_bool(self) -> torch.Tensor:
         """bool [width]: True where allowed (a new tensor the caller may keep; not to be written to)."""

@@ -40,6 +40,11 @@ def serve(
                                         "is JSON (tools, a json response_format): the suffix draft's history takes "
                                         "the tool and user messages' texts as JSON escapes them, so a call that "
                                         "writes a file it read copies it (exact: drafts only)."),
+    strict_tool_calls: bool = typer.Option(False, "--strict-tool-calls", help="Tool calls only in the chat "
+                                           "template's own form (e.g. <tool_call> blocks): not the fenced or bare "
+                                           "JSON that small models write at the start of an answer instead."),
+    max_tool_calls: int = typer.Option(0, "--max-tool-calls", help="Tool calls in one answer at most (parallel "
+                                       "calls; 0: the number of tools the request declares)."),
     max_tokens_limit: int = typer.Option(2048, "--max-tokens-limit", help="Largest max_tokens a request may ask."),
     request_timeout: float = typer.Option(120.0, "--request-timeout", help="Seconds a request may take, queue "
                                           "included, before it is cancelled and answered 504."),
@@ -84,7 +89,8 @@ def serve(
                                   draft_name=display_name(opts.draft) if opts.has_draft else None,
                                   prefill_tokens_per_step=prefill_tokens_per_step, static_batching=static_batching,
                                   prefix_cache_tokens=prefix_cache_tokens, prefix_cache_rows=prefix_cache_rows,
-                                  escaped_copies=escaped_copies)
+                                  escaped_copies=escaped_copies, strict_tool_calls=strict_tool_calls,
+                                  max_tool_calls=max_tool_calls)
         if ray:
             _serve_with_ray(opts, settings, host, port, ray_address, ray_num_cpus, replicas, autoscale,
                             routing or "affinity")

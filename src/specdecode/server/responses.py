@@ -27,7 +27,7 @@ import uuid
 
 from pydantic import BaseModel
 
-from ..tool_calls import ToolCallParser
+from ..tool_parser import ToolCallParser
 from .batcher import Done
 from .logprobs import CompletionLogprobBuilder, TokenTexts, chat_logprobs
 from .schemas import (ChatChoice, ChatCompletionResponse, ChatResponseMessage, CompletionChoice, CompletionResponse,
@@ -70,11 +70,12 @@ def sse(data: dict | str) -> bytes:
 class Responder:
     """Builds the answer to one request of a kind ("completion", "chat" or "predict"), whole or as chunks.
 
-    With logprobs (not None), token_texts names the tokens in them. With tool_calls (chat), each answer is read
-    by a ToolCallParser: its calls go to message.tool_calls (streamed as OpenAI's tool_calls deltas)."""
+    With logprobs (not None), token_texts names the tokens in them. With tool_calls (chat: the request's
+    tool_dialects.ToolFormat), each answer is read by its parser: its calls go to message.tool_calls (streamed as
+    OpenAI's tool_calls deltas)."""
 
     def __init__(self, kind: str, model: str, draft_name: str | None, provenance: bool = False,
-                 logprobs: int | None = None, token_texts: TokenTexts | None = None, tool_calls: bool = False):
+                 logprobs: int | None = None, token_texts: TokenTexts | None = None, tool_calls=None):
         if logprobs is not None and token_texts is None:
             raise ValueError("logprobs need token_texts to name the tokens")
         self.kind, self.model, self.draft_name = kind, model, draft_name
@@ -83,7 +84,7 @@ class Responder:
         self.created = int(time.time())
         self.provenance = provenance
         self.logprobs, self.token_texts = logprobs, token_texts
-        self.tool_calls = tool_calls and self.chat
+        self.tool_calls = tool_calls if self.chat else None
         self._parsers: dict[int, ToolCallParser] = {}  # a streamed choice's tool-call parser
         self._rows: dict[int, RunningStats] = {}
         self._offsets: dict[int, CompletionLogprobBuilder] = {}  # a streamed choice's text offsets so far
@@ -110,7 +111,7 @@ class Responder:
         if not self.tool_calls:
             return ChatChoice(index=index, message=ChatResponseMessage(content=text), logprobs=logprobs,
                               finish_reason=reason)
-        parser = ToolCallParser()
+        parser = self.tool_calls.parser()
         parser.feed(text)
         parser.finish()
         calls = [call.to_dict() for call in parser.calls] or None
@@ -144,7 +145,7 @@ class Responder:
     def _tool_delta(self, index: int, text: str, finish: str | None) -> dict:
         """The text read by the choice's parser: content, or tool_calls deltas (a call's id, type and name first,
         its arguments in pieces after); the last chunk has the parser's held-back rest."""
-        parser = self._parsers.setdefault(index, ToolCallParser())
+        parser = self._parsers.get(index) or self._parsers.setdefault(index, self.tool_calls.parser())
         parts = parser.feed(text) + (parser.finish() if finish else [])
         delta: dict = {}
         content = "".join(p["content"] for p in parts if "content" in p)

@@ -113,6 +113,10 @@ class SpecdecodeOptions(_Request):
                            "verification_steps, new_tokens}} (provenance: accepted, resampled, bonus, "
                            "target or forced (the response_format grammar allowed this token alone); stats: the "
                            "prompt's running counters). Plain OpenAI clients ignore it.")
+    strict_tool_calls: Optional[bool] = Field(
+        False, description="With tools: calls only in the chat template's own form (e.g. <tool_call> blocks), not "
+                           "the fenced or bare JSON at the start of an answer that small models write instead "
+                           "(the server's --strict-tool-calls for every request).")
 
 
 class JSONSchemaSpec(_Request):

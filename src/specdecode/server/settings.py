@@ -35,11 +35,14 @@ class ServerSettings:
     prefix_cache_tokens: int = 65536  # KV of finished requests kept for prompts that start the same (0: off)
     prefix_cache_rows: int = 4  # llama.cpp: spare sequences that hold cached prefixes, beside max_batch_size
     escaped_copies: bool = True  # JSON answers: the suffix history takes the messages' texts JSON-escaped
+    strict_tool_calls: bool = False  # tool calls in the template's own form only (no fenced or bare JSON)
+    max_tool_calls: int = 0  # calls in one answer at most (0: the number of tools the request declares)
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_queue", "max_tokens_limit", "max_prompt_chars", "default_predict_tokens"):
             _integer(name, getattr(self, name), 1)
         _integer("max_speculative_tokens", self.max_speculative_tokens, 1, MAX_K)
+        _integer("max_tool_calls", self.max_tool_calls, 0)
         _integer("retry_after_s", self.retry_after_s, 0)
         _integer("prefix_cache_tokens", self.prefix_cache_tokens, 0)
         _integer("prefix_cache_rows", self.prefix_cache_rows, 0)

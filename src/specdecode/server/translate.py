@@ -15,8 +15,9 @@ from pydantic import BaseModel
 from ..chat import ChatTemplateError, NoChatTemplateError, encode_chat
 from ..drafters.escaped_copies import escaped_texts
 from ..speculation import Speculation
-from ..tool_calls import (ToolError, check_tool_messages, markers, parse_tool_choice, parse_tools, rendered_call,
-                          template_supports_tools, tool_grammar)
+from ..tool_calls import (ToolError, check_tool_messages, parse_tool_choice, parse_tools, rendered_call,
+                          template_supports_tools, tool_format)
+from ..tool_dialects import ToolFormat
 from .batcher import Job
 from .errors import APIError, bad_request
 from .settings import ServedModel, ServerSettings
@@ -37,7 +38,7 @@ class Generation:
     include_usage: bool = False
     provenance: bool = False  # stream each token with its provenance (the "specdecode" extension)
     logprobs: int | None = None  # None: no logprobs; N: each token's and the N likeliest alternatives'
-    tool_calls: bool = False  # the answer may hold tool calls: parse them into message.tool_calls
+    tool_calls: ToolFormat | None = None  # the answer may hold tool calls in this format: parse them
     ignored: list[str] = field(default_factory=list)  # fields no schema declares, named in X-Ignored-Fields
 
 
@@ -46,7 +47,7 @@ def translate(body, kind: Kind, served: ServedModel, settings: ServerSettings) -
     model = resolve_model(body.model, served)
     sampling = _sampling(body, served, settings)
     max_tokens, tokens_param = _requested_max_tokens(body, kind, settings)
-    tools = _tools(body, served) if kind == "chat" else None
+    tools = _tools(body, served, settings) if kind == "chat" else None
     if kind == "chat":
         prompts, params = [_chat_ids(body, served, settings, tools)], ["messages"]
     else:
@@ -69,7 +70,7 @@ def translate(body, kind: Kind, served: ServedModel, settings: ServerSettings) -
     return Generation(kind, model, job, stream=bool(getattr(body, "stream", False)),
                       include_usage=bool(options and options.include_usage),
                       provenance=bool(extension and extension.provenance), logprobs=logprobs,
-                      tool_calls=tools is not None, ignored=ignored_fields(body))
+                      tool_calls=tools.format if tools is not None else None, ignored=ignored_fields(body))
 
 
 def resolve_model(requested: str | None, served: ServedModel) -> str:
@@ -182,9 +183,10 @@ class Tools:
     shown: list[dict]  # the tools as the chat template shows them to the model
     choice: str  # "auto", "required" or the one tool's name
     grammar: str  # the Lark grammar of the answer
+    format: ToolFormat  # the dialect the answer's calls are written in, and their parser
 
 
-def _tools(body, served: ServedModel) -> Tools | None:
+def _tools(body, served: ServedModel, settings: ServerSettings) -> Tools | None:
     """The request's tools and tool_choice, checked; None when the answer is plain text (no tools, or "none")."""
     choice = body.tool_choice.model_dump() if isinstance(body.tool_choice, BaseModel) else body.tool_choice
     try:
@@ -199,12 +201,14 @@ def _tools(body, served: ServedModel) -> Tools | None:
                           "parameters, or set tool_choice \"none\"", "response_format")
     if not template_supports_tools(served.tokenizer):
         raise bad_request(f"the chat template of the model {served.name!r} has no tool format (it does not show "
-                          f"tools to the model, or does not write calls as <tool_call>{{\"name\": ..., \"arguments\": "
-                          f"...}}</tool_call>): leave tools out, or serve a model whose template has one (Qwen2.5, "
-                          f"Hermes)", "tools", "tools_not_supported")
-    parallel = body.parallel_tool_calls is not False
-    return Tools([t.rendered() for t in tools], choice,
-                 tool_grammar(tools, choice, parallel, markers(served.tokenizer)))
+                          f"tools to the model, or writes calls in none of the known dialects: Hermes/Qwen2.5 "
+                          f"<tool_call>, Qwen3, Mistral [TOOL_CALLS], Llama 3 JSON): leave tools out, or serve a "
+                          f"model whose template has one", "tools", "tools_not_supported")
+    extension = getattr(body, "specdecode", None)
+    strict = settings.strict_tool_calls or bool(extension and extension.strict_tool_calls)
+    fmt = tool_format(served.tokenizer, tools, choice, body.parallel_tool_calls is not False,
+                      settings.max_tool_calls or None, strict)
+    return Tools([t.rendered() for t in tools], choice, fmt.grammar(), fmt)
 
 
 def _check_chars(chars: int, param: str, settings: ServerSettings) -> None:
