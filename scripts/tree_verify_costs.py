@@ -19,7 +19,7 @@ import torch
 
 from specdecode.backends.llamacpp import LlamaCppBackend
 from specdecode.models import registry
-from specdecode.models.locate import locate_model
+from specdecode.loading import locate_model
 from specdecode.token_tree import chain
 
 

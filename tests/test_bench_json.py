@@ -135,7 +135,7 @@ def test_validity_of_outputs(validator):
 def test_bench_runs_ours_under_each_prompts_schema(tiny_model_dirs):
     from specdecode.bench.runner import Bench, BenchSettings
     from specdecode.bench.workload import encode_prompts
-    from specdecode.models.loading import load_model
+    from specdecode.loading import load_model
 
     target = load_model(tiny_model_dirs["target"], threads=1, progress=False)
     draft = load_model(tiny_model_dirs["draft"], threads=1, progress=False)
@@ -163,7 +163,7 @@ def test_bench_runs_ours_unconstrained_on_the_json_prompts_when_asked(tiny_model
     end-of-generation token (not a fixed length), their texts checked like the others; only when named."""
     from specdecode.bench.runner import Bench, BenchSettings
     from specdecode.bench.workload import encode_prompts
-    from specdecode.models.loading import load_model
+    from specdecode.loading import load_model
 
     assert "specdecode-unconstrained" not in default_methods(True)
     assert plain_of("specdecode-unconstrained") == "specdecode-plain-unconstrained"

@@ -35,7 +35,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def tiny_target(tiny_model_dirs):
-    from specdecode.models.loading import load_model
+    from specdecode.loading import load_model
 
     return load_model(tiny_model_dirs["target"], threads=1, progress=False)
 
@@ -114,7 +114,7 @@ def _bench(target, draft, plan, methods, runs=2, warmup=1, ks=("auto",)):
 
 def _suffix_model(dirs):
     """What --draft suffix+MODEL loads: a SuffixModelDrafter around MODEL."""
-    from specdecode.models.loading import load_model
+    from specdecode.loading import load_model
     from specdecode.pair import ModelOptions, with_suffix
 
     return with_suffix(ModelOptions(draft="suffix+" + dirs["draft"]), load_model(dirs["draft"], threads=1,

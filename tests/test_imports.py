@@ -119,15 +119,17 @@ def test_the_core_imports_neither_the_cli_nor_the_server():
 
 
 @pytest.mark.parametrize("lower, upper", [
-    ("specdecode.backends", ("specdecode.models.loading", "specdecode.pair", "specdecode.engine",
+    ("specdecode.models", ("specdecode.backends", "specdecode.loading", "specdecode.pair", "specdecode.engine",
+                           "specdecode.session", "specdecode.drafters")),
+    ("specdecode.backends", ("specdecode.loading", "specdecode.pair", "specdecode.engine",
                              "specdecode.session", "specdecode.drafters")),
-    ("specdecode.drafters", ("specdecode.models.loading", "specdecode.pair", "specdecode.engine",
+    ("specdecode.drafters", ("specdecode.loading", "specdecode.pair", "specdecode.engine",
                              "specdecode.session")),
     ("specdecode.sampling", ("specdecode.row_grammars", "specdecode.constraints", "specdecode.session")),
 ])
 def test_no_import_runs_back_up(lower, upper):
-    """Backends are below the loader that picks one (models/loading.py) and below the loop; drafters below the loop;
-    the sampler below the grammars."""
+    """Finding a model (models/) is below the backends, which are below the loader that picks one (loading.py) and
+    below the loop; drafters below the loop; the sampler below the grammars."""
     graph = import_graph()
     wrong = {m: sorted(d for d in graph[m] if d.startswith(upper)) for m in graph if m.startswith(lower)}
     assert {m: d for m, d in wrong.items() if d} == {}

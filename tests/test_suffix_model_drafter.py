@@ -22,7 +22,7 @@ from reference import assert_matches, exact_joint, hf_warp
 from specdecode import (AutoregressiveGenerator, LoadedModel, SpeculativeGenerator, SuffixModelDrafter,
                         VocabularyMismatchError)
 from specdecode.errors import OptionError
-from specdecode.models.loading import ModelNotFoundError
+from specdecode.models.sources import ModelNotFoundError
 from specdecode.pair import ModelOptions, check_options, load_pair, make_generator
 from specdecode.policy import AdaptivePolicy
 from specdecode.drafters import DraftContext

@@ -13,7 +13,7 @@ _EXPORTS = {
     "SamplingParams": "sampling", "VocabularyMismatchError": "vocab",
     "ModelDrafter": "drafters", "PromptLookupDrafter": "drafters", "SuffixDrafter": "drafters",
     "SuffixHistory": "drafters", "SuffixModelDrafter": "drafters",
-    "load_model": "models.loading", "LoadedModel": "models.loading",
+    "load_model": "loading", "LoadedModel": "models.sources",
 }
 __all__ = [*_EXPORTS, "__version__"]
 

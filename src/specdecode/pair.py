@@ -120,7 +120,8 @@ def check_options(opts: ModelOptions) -> None:
     """Everything but the loading: K, method, backend, threads, quantization, device, dtype, and that each model
     exists (a built-in model's package is installed). No model is loaded and no backend is imported."""
     from .models import registry
-    from .models.loading import LoadOptions, check_backend, locate
+    from .loading import check_backend
+    from .models.sources import LoadOptions, locate
     from .rejection import METHODS
 
     opts.k_values  # noqa: B018  (parses every value of k)
@@ -163,7 +164,7 @@ def _quantization(opts: ModelOptions, option: str) -> str | None:
     if value is not None and value not in allowed:
         raise OptionError(option, f"{option} must be {', '.join(allowed[:-1])} or {allowed[-1]}, got {value!r}")
     if value == "auto":
-        from .models.loading import resolve_device
+        from .models.sources import resolve_device
 
         on_cpu = opts.device_map is None and resolve_device(opts.device).type == "cpu"
         return "int8" if on_cpu else None  # drafting on the CPU is several times cheaper in int8; q only changes
@@ -177,7 +178,7 @@ def _shared(opts: ModelOptions, rows: int) -> dict:
 
 def load_target(opts: ModelOptions, rows: int = 1, progress=None):
     """The target, a LoadedModel. rows: rows decoded at once (llama.cpp builds that many sequences)."""
-    from .models.loading import load_model
+    from .loading import load_model
 
     return load_model(opts.target, device=opts.device, device_map=opts.device_map,
                       quantize=_quantization(opts, "quantize"), prepack=opts.prepack, progress=progress,
@@ -198,7 +199,7 @@ def load_draft_model(opts: ModelOptions, rows: int = 1, progress=None):
     goes (the first GPU when the target is sharded)."""
     if opts.draft_model is None:
         return None
-    from .models.loading import load_model
+    from .loading import load_model
 
     return load_model(opts.draft_model, device=opts.device if opts.device_map is None else "auto",
                       quantize=_quantization(opts, "draft_quantize"), progress=progress, **_shared(opts, rows))
@@ -375,7 +376,7 @@ def _unprepared_draft(opts: ModelOptions):
     model = opts.draft_model or (_auto_model_to_measure(opts) if cpu else None)
     if not (cpu and model and registry.is_registered(model)):
         return None
-    from .models.locate import locate_model
+    from .loading import locate_model
 
     location = locate_model(model, opts.backend)
     same = registry.is_registered(opts.target) and registry.lookup(opts.target).name == location.name
@@ -397,7 +398,7 @@ def _prepare_quietly(location) -> None:
     os.dup2(devnull, 2)
     os.environ["TQDM_DISABLE"] = "1"
     from .models.convert import quiet_transformers
-    from .models.locate import prepare_location
+    from .loading import prepare_location
 
     with contextlib.suppress(Exception), quiet_transformers():
         prepare_location(location)

@@ -44,7 +44,7 @@ def stock_models(peer_models: str, opts, methods, sanity: bool, ours: str):
                      and ours == "transformers")
     if peer_models == "same" or not _runs_on(methods, TRANSFORMERS) or ours_is_stock:
         return None, None
-    from ..models.loading import load_model
+    from ..loading import load_model
 
     # transformers' methods need transformers models, whatever backend ours run on.
     stock = dict(device=opts.device, dtype=opts.dtype, device_map=opts.device_map,

@@ -1,14 +1,14 @@
-"""Model loading: built-in models shipped on PyPI, local HF directories, GGUF files.
+"""Finding a model: built-in models shipped on PyPI (their registry, preparing and converting them), local HF
+directories, GGUF files, and the transformers loading the backends are built on. Below the backends (they import
+it; nothing here imports a backend): picking the backend that loads a model is specdecode/loading.py, above them.
 
-Importing this package imports none of its modules (the backends import models.sources without loading.py, which
-imports the backends): the names below are looked up when first used."""
+Importing this package imports none of its modules: the names below are looked up when first used."""
 
 from importlib import import_module
 
-_LAZY = {"DeviceUnavailableError": "sources", "LoadedModel": "sources", "ModelNotFoundError": "sources",
-         "load_model": "loading"}
+_LAZY = {"DeviceUnavailableError": "sources", "LoadedModel": "sources", "ModelNotFoundError": "sources"}
 
-__all__ = ["LoadedModel", "ModelNotFoundError", "DeviceUnavailableError", "load_model"]
+__all__ = ["LoadedModel", "ModelNotFoundError", "DeviceUnavailableError"]
 
 
 def __getattr__(name):

@@ -1,7 +1,7 @@
 """Where a model comes from (a built-in name, a local HF directory, a .gguf file, a hub id already in the local
 Hugging Face cache) and how transformers loads it (from_pretrained, then quantized or prepacked): what every backend's
-loader is built on. Nothing here imports a backend: backends import this, and models/loading.py (load_model, which
-picks a backend) imports both.
+loader is built on. Nothing here imports a backend: backends import this, and specdecode/loading.py (load_model,
+which picks a backend) imports both.
 """
 
 from __future__ import annotations
