@@ -224,12 +224,12 @@ def test_token_id_prompts(server, engine, tokenizer):
 
 
 def test_unsupported_parameters_are_named_in_one_400(server):
-    body = {"prompt": "a", "best_of": 3, "suffix": "}", "presence_penalty": 0.5, "echo": True}
+    body = {"prompt": "a", "best_of": 3, "suffix": "}", "min_tokens": 2, "echo": True}
     r = httpx.post(f"{server.url}/v1/completions", json=body)
     error = error_shape(r)
     assert r.status_code == 400 and error["code"] == "unsupported_parameter"
-    assert error["param"] in ("best_of", "suffix", "presence_penalty", "echo")
-    for name in ("best_of", "suffix", "presence_penalty", "echo"):
+    assert error["param"] in ("best_of", "suffix", "min_tokens", "echo")
+    for name in ("best_of", "suffix", "min_tokens", "echo"):
         assert name in error["message"]
     chat = httpx.post(f"{server.url}/v1/chat/completions",
                       json={"messages": USER, "functions": [{"name": "f"}], "function_call": "auto"})
@@ -359,11 +359,11 @@ BAD = [
     ("best-of", C, {"prompt": "a", "best_of": 2}, 400, "best_of"),
     ("echo", C, {"prompt": "a", "echo": True}, 400, "echo"),
     ("suffix", C, {"prompt": "a", "suffix": "}"}, 400, "suffix"),
-    ("presence-penalty", C, {"prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty"),
-    ("frequency-penalty", C, {"prompt": "a", "frequency_penalty": -1}, 400, "frequency_penalty"),
-    ("logit-bias", C, {"prompt": "a", "logit_bias": {"5": 10}}, 400, "logit_bias"),
-    ("repetition-penalty", C, {"prompt": "a", "repetition_penalty": 1.2}, 400, "repetition_penalty"),
-    ("min-p", C, {"prompt": "a", "min_p": 0.1}, 400, "min_p"),
+    ("presence-penalty", C, {"prompt": "a", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ("frequency-penalty", C, {"prompt": "a", "frequency_penalty": -3}, 400, "frequency_penalty"),
+    ("logit-bias", C, {"prompt": "a", "logit_bias": {"5": 101}}, 400, "logit_bias"),
+    ("repetition-penalty", C, {"prompt": "a", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ("min-p", C, {"prompt": "a", "min_p": 1.1}, 400, "min_p"),
     ("min-tokens", C, {"prompt": "a", "min_tokens": 3}, 400, "min_tokens"),
     ("stop-token-ids", C, {"prompt": "a", "stop_token_ids": [1]}, 400, "stop_token_ids"),
     ("token-ids-out-of-vocab", C, {"prompt": [1, 2, 10**6]}, 400, "prompt"),

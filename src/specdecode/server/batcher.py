@@ -120,6 +120,7 @@ class Job:
     json_object: bool = False  # ...or is any JSON object
     grammar: str | None = None  # ...or follows this Lark grammar (a request's tool calls)
     logprobs: int | None = None  # None: off; N: each token's logprob and the N likeliest alternatives
+    options: dict = field(default_factory=dict)  # min_p, penalties, logit_bias: engine request() keywords
     copy_texts: list[str] = field(default_factory=list)  # escaped texts the suffix history takes before it joins
     streaming: bool = False  # its tokens go to the client as they come (so a job that has sent some cannot rerun)
     engine_requests: list | None = None  # one engine Request per row, built once by prepare()
@@ -166,7 +167,7 @@ class Job:
                                   temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed,
                                   seed_index=r, ignore_eos=self.ignore_eos, stop=list(self.stop) or None,
                                   num_speculative_tokens=self.num_speculative_tokens, constraint=constraint,
-                                  logprobs=self.logprobs)
+                                  logprobs=self.logprobs, **self.options)
                 for r in range(self.num_rows)]
         return self.engine_requests
 

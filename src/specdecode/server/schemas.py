@@ -5,7 +5,7 @@ where an integer belongs is a 400, never silently coerced. Limits that depend on
 (max_tokens, n, num_speculative_tokens, the vocabulary) are checked by the app, which knows them; sampling values
 and JSON schemas by the engine's request(), before the request is queued.
 
-Parameters this server does not implement and that would change the output (best_of, echo, penalties, functions...)
+Parameters this server does not implement and that would change the output (best_of, echo, functions...)
 are declared with their neutral value only (UNSUPPORTED): anything else is a 400 naming them, never a silent
 no-op. Fields that no schema here declares are ignored and named in the response's X-Ignored-Fields header.
 """
@@ -22,14 +22,14 @@ SEED_MAX = 2**64 - 1  # numpy's SeedSequence, which mixes a row's stream, takes 
 
 # Unsupported parameters -> the neutral value(s) they are accepted at (besides being left out or null).
 UNSUPPORTED: dict[str, str] = {
-    "best_of": "1", "echo": "false", "suffix": '""', "presence_penalty": "0", "frequency_penalty": "0",
-    "logit_bias": "{}", "functions": "[]", "function_call": '"none"',
+    "best_of": "1", "echo": "false", "suffix": '""', "functions": "[]", "function_call": '"none"',
     "modalities": '["text"]', "audio": "null",
     # other servers' sampling extensions, refused rather than ignored for the same reason
-    "repetition_penalty": "1", "min_p": "0", "min_tokens": "0", "stop_token_ids": "[]",
+    "min_tokens": "0", "stop_token_ids": "[]",
 }
 LOGPROBS_MEANING = ("The target model's log-probabilities under the distribution each token was actually drawn "
-                    "from: after temperature, top-k, top-p and the response_format grammar (vLLM's "
+                    "from: after logit_bias, the penalties, temperature, top-k, top-p, min_p and the "
+                    "response_format grammar (vLLM's "
                     "logprobs_mode \"processed_logprobs\"); for greedy requests (temperature 0) the log-softmax of "
                     "the logits the grammar allows. A token those settings exclude reads -9999.0 (JSON has no "
                     "-infinity).")
@@ -178,12 +178,19 @@ class _Sampling(_Request):
     ignore_eos: Optional[bool] = Field(False, description="Extension (vLLM's): keep generating past the end-of-"
                                                           "sequence token, up to max_tokens or a stop string.")
 
-    # Unsupported (see UNSUPPORTED): accepted only at their neutral values.
-    presence_penalty: Optional[float] = Field(None, ge=0, le=0, description=_not_supported("0"))
-    frequency_penalty: Optional[float] = Field(None, ge=0, le=0, description=_not_supported("0"))
-    logit_bias: Optional[dict[str, float]] = Field(None, max_length=0, description=_not_supported("{}"))
-    repetition_penalty: Optional[float] = Field(None, ge=1, le=1, description=_not_supported("1"))
-    min_p: Optional[float] = Field(None, ge=0, le=0, description=_not_supported("0"))
+    # Options over the text so far and min_p: exact under speculation too (README, "Sampling options").
+    presence_penalty: Optional[float] = Field(
+        None, ge=-2.0, le=2.0, description="Subtracted once from the logit of each token the output holds (OpenAI).")
+    frequency_penalty: Optional[float] = Field(
+        None, ge=-2.0, le=2.0, description="Subtracted from a token's logit per occurrence in the output (OpenAI).")
+    logit_bias: Optional[dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]]] = Field(
+        None, description="Token id (as a string) -> a value in [-100, 100] added to its raw logit (OpenAI).")
+    repetition_penalty: Optional[float] = Field(
+        None, gt=0.0, description="Extension (vLLM's, transformers'): divides positive and multiplies negative "
+                                  "logits of the tokens in prompt + output; 1 disables.")
+    min_p: Optional[float] = Field(
+        None, ge=0.0, le=1.0, description="Extension (vLLM's): drop tokens below min_p x the top probability, "
+                                          "after top-p (transformers' order); 0 disables.")
     min_tokens: Optional[Int(ge=0, le=0)] = Field(None, description=_not_supported("0"))
     stop_token_ids: Optional[list[int]] = Field(None, max_length=0, description=_not_supported("[]"))
 

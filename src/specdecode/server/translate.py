@@ -269,7 +269,24 @@ def _sampling(body, served: ServedModel, settings: ServerSettings) -> dict:
                 top_k=body.top_k if body.top_k is not None and body.top_k > 0 else 0,
                 top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed, stop=stop,
                 num_speculative_tokens=_speculative_tokens(body.num_speculative_tokens, served, settings),
-                ignore_eos=bool(body.ignore_eos))
+                ignore_eos=bool(body.ignore_eos), options=_options(body, served))
+
+
+def _options(body, served: ServedModel) -> dict:
+    """The request's min_p, penalties and logit_bias as the engine's request() takes them (left out: neutral);
+    logit_bias's keys must be token ids of this vocabulary."""
+    names = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+    options = {name: getattr(body, name) for name in names if getattr(body, name) is not None}
+    if body.logit_bias:
+        vocab, bias = served.vocab_size, {}
+        for key, value in body.logit_bias.items():
+            token = int(key) if key.isascii() and key.isdigit() else None
+            if token is None or (vocab is not None and token >= vocab):
+                raise bad_request(f"logit_bias has the key {key!r}: keys are token ids of this model's vocabulary, "
+                                  f"integers in [0, {vocab})", "logit_bias")
+            bias[token] = value
+        options["logit_bias"] = bias
+    return options
 
 
 def _speculative_tokens(value, served: ServedModel, settings: ServerSettings) -> int | None:

@@ -5,6 +5,8 @@
 const $ = (id) => document.getElementById(id);
 const GREEDY_EPS = 1e-5; // the server decodes greedily below this temperature
 const PROVENANCES = ["accepted", "resampled", "bonus", "target"];
+// sent only when set; exact under speculation like temperature, top-k and top-p (README, "Sampling options")
+const OPTIONS = ["min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"];
 const state = { controller: null, maxK: 8, hasDraft: true, serverK: null };
 
 class Failure extends Error {}
@@ -129,6 +131,28 @@ function numberField(id, name, integer) {
   return value;
 }
 
+// "50256:-100, 13:2.5" (or a JSON object) as OpenAI's logit_bias, {"50256": -100, "13": 2.5}; the server checks the
+// ids against its vocabulary and the values against [-100, 100].
+function logitBiasField() {
+  const raw = $("logit-bias").value.trim();
+  if (raw === "") return undefined;
+  let pairs = null;
+  try {
+    pairs = raw.startsWith("{") ? Object.entries(JSON.parse(raw))
+      : raw.split(",").filter((part) => part.trim()).map((part) => part.split(":"));
+  } catch (_) { /* not JSON: refused below */ }
+  const bias = {};
+  for (const pair of pairs || [[]]) {
+    const [token, value] = pair.map((part) => String(part).trim());
+    if (pair.length !== 2 || !/^\d+$/.test(token) || value === "" || !Number.isFinite(Number(value))) {
+      throw new Failure(`Bad settings: logit bias takes token id:value pairs separated by commas ` +
+        `(50256:-100, 13:2.5), got "${raw}"`);
+    }
+    bias[token] = Number(value);
+  }
+  return bias;
+}
+
 function readSettings() {
   const prompt = $("prompt").value;
   if (!prompt.trim()) throw new Failure("Bad settings: write a prompt first");
@@ -137,6 +161,11 @@ function readSettings() {
     k: $("k").value, max_tokens: numberField("max-tokens", "max tokens", true),
     temperature: numberField("temperature", "temperature", false), top_k: numberField("top-k", "top-k", true),
     top_p: numberField("top-p", "top-p", false), seed: numberField("seed", "seed", true),
+    min_p: numberField("min-p", "min-p", false),
+    presence_penalty: numberField("presence-penalty", "presence penalty", false),
+    frequency_penalty: numberField("frequency-penalty", "frequency penalty", false),
+    repetition_penalty: numberField("repetition-penalty", "repetition penalty", false),
+    logit_bias: logitBiasField(),
   };
   return settings;
 }
@@ -144,7 +173,7 @@ function readSettings() {
 // The endpoint and body of a streamed request with provenance; k: "default", "auto" or a number as text.
 function buildRequest(settings, k) {
   const body = { stream: true, specdecode: { provenance: true } };
-  for (const name of ["max_tokens", "temperature", "top_k", "top_p", "seed"]) {
+  for (const name of ["max_tokens", "temperature", "top_k", "top_p", "seed", ...OPTIONS]) {
     if (settings[name] !== undefined) body[name] = settings[name];
   }
   if (k !== "default") body.num_speculative_tokens = k === "auto" ? "auto" : Number(k);
