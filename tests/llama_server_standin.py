@@ -52,7 +52,8 @@ class Handler(BaseHTTPRequestHandler):
         LAST["prompt"] = prompt
         usage = {"prompt_tokens": len(prompt) // 4, "completion_tokens": 3, "total_tokens": len(prompt) // 4 + 3,
                  "prompt_tokens_details": {"cached_tokens": common // 4}}
-        timings = {"cache_n": common // 4, "prompt_n": (len(prompt) - common) // 4, "predicted_n": 3}
+        timings = {"cache_n": common // 4, "prompt_n": (len(prompt) - common) // 4, "predicted_n": 3,
+                   "predicted_ms": 20.0}
         calls = body.get("tools") and not any(m["role"] == "tool" for m in body["messages"])
         if calls:
             delta = {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",

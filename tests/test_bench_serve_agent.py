@@ -205,9 +205,8 @@ def test_bench_agent_warms_every_method_then_rotates_the_order_task_by_task(monk
 def test_the_report_splits_each_turn_from_given_records():
     def rec(method, turn, text, latency, decode, cached=None, spec=None, timings=None):
         return TurnRecord(method, "t", turn, "auto", ok=True, text=text, output_tokens=11, latency_s=latency,
-                          ttft_s=0.1 if decode else None, last_token_s=0.1 + decode if decode else None,
-                          prompt_tokens=100, cached_tokens=cached, idle_s=0.5 * (turn > 1), speculative=spec,
-                          timings=timings)
+                          decode_tokens=10 if decode else None, decode_time_s=decode, prompt_tokens=100,
+                          cached_tokens=cached, idle_s=0.5 * (turn > 1), speculative=spec, timings=timings)
 
     spec = {"forced_tokens": 4, "proposed_tokens": 9, "accepted_tokens": 6}
     records = [rec("ours", 1, "a", 1.0, 0.5, 10, spec), rec(PLAIN, 1, "a", 2.0, 1.0, 10, {"forced_tokens": 4}),
@@ -299,7 +298,7 @@ def test_the_workload_end_to_end_against_a_live_server_and_llamacpp_function_cal
     assert not report["errors"], report["errors"]
     for method in ("ours", PLAIN, PEER):
         totals = report["methods"][method]
-        assert totals["succeeded"] >= 1 and totals["calls"] >= 1 and totals["output_tokens"] > 0
+        assert totals["succeeded"] >= 1 and totals["calls"] >= 1 and totals["output_tokens"] > 0, (method, report)
         assert totals["tasks"] == 1 and totals["completed"] in (0, 1)
     # our grammar allows only valid calls; a call cut at max_tokens is the only kind that can fail the schema
     for r in report["records"]:
@@ -310,6 +309,8 @@ def test_the_workload_end_to_end_against_a_live_server_and_llamacpp_function_cal
     first = [r for r in report["records"] if r["method"] == "ours"][0]
     assert first["tool_choice"] == "list_files" and first["tool_calls"][0]["name"] == "list_files"
     assert first["speculative"] is not None and first["cached_tokens"] is not None  # our server's statistics
+    # timed from the provenance chunks, one per token, however the call's text was streamed
+    assert first["decode_tokens"] == first["output_tokens"] - 1 and first["decode_time_s"] > 0
     # the warm-up cached the system prompt and tools: turn 1 of the session found them
     assert first["cached_tokens"] > 0 and report["turns"][0]["forced_tokens"] > 0
 

@@ -79,8 +79,8 @@ def draft_counts(records: list[TurnRecord]) -> dict:
 
 
 def decode_rate(records: list[TurnRecord]) -> float | None:
-    streamed = [r for r in records if r.decode_s]
-    return _ratio(sum(r.output_tokens - 1 for r in streamed), sum(r.decode_s for r in streamed)) if streamed else None
+    timed = [r for r in records if r.decode_rate]
+    return _ratio(sum(r.decode_tokens for r in timed), sum(r.decode_time_s for r in timed)) if timed else None
 
 
 def method_totals(sessions: list[SessionRecord], records: list[TurnRecord]) -> dict:
@@ -109,7 +109,7 @@ def turn_rows(records: list[TurnRecord], methods: list[str]) -> list[dict]:
             group = [r for r in records if r.turn == turn and r.method == m and r.ok]
             if not group:
                 continue
-            rates = [(r.output_tokens - 1) / r.decode_s for r in group if r.decode_s]
+            rates = [r.decode_rate for r in group if r.decode_rate]
             rows.append({"turn": turn, "tool_choice": group[0].tool_choice, "method": m, "sessions": len(group),
                          **prompt_split(group), "output_tokens": sum(r.output_tokens for r in group),
                          **draft_counts(group), "idle_s": sum(r.idle_s for r in group),

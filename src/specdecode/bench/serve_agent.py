@@ -48,6 +48,7 @@ PLAIN = "plain"
 PEER = "llamacpp-function-calling"
 LLAMA_SERVER = "llama-server"
 WARM_UP = "Warm-up request: reply OK."
+PROVENANCE = {"specdecode": {"provenance": True}}  # our servers: a chunk per token, to time the decoding
 
 
 @dataclass
@@ -65,19 +66,21 @@ class TurnRecord:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None  # prompt tokens whose KV came from the server's cache (None: not reported)
     latency_s: float | None = None
-    ttft_s: float | None = None
+    ttft_s: float | None = None  # the first chunk with text or a call (a call may be held back until it is whole)
     last_token_s: float | None = None  # None where not streamed (llama-cpp-python)
+    decode_tokens: int | None = None  # tokens after the first, over decode_time_s (None: not measured)
+    decode_time_s: float | None = None
     idle_s: float = 0.0  # from the previous turn's answer to this request: the tools' time
     speculative: dict | None = None  # our server's usage-chunk statistics
     timings: dict | None = None  # llama-server's "timings" (prompt_n, cache_n, predicted_n, draft_n, ...)
     invalid_calls: list = field(default_factory=list)  # "name: why" for each call its schema rejects
 
     @property
-    def decode_s(self) -> float | None:
-        """Seconds from the first token to the last (streamed methods only)."""
-        if self.ttft_s is None or self.last_token_s is None or self.output_tokens < 2:
+    def decode_rate(self) -> float | None:
+        """Tokens per second after the first token (measured methods only)."""
+        if not self.decode_tokens or not self.decode_time_s or self.decode_time_s <= 0:
             return None
-        return self.last_token_s - self.ttft_s
+        return self.decode_tokens / self.decode_time_s
 
 
 @dataclass
@@ -147,7 +150,12 @@ class AgentBenchSettings:
 # ----------------------------------------------------------------------------------------------- the methods
 
 class OpenAIChat:
-    """A server through the OpenAI client, streamed: text, tool calls assembled by index, timings, usage."""
+    """A server through the OpenAI client, streamed: text, tool calls assembled by index, timings, usage.
+
+    The decode time after the first token: from our servers' provenance chunks (extra_body {"specdecode":
+    {"provenance": true}}: one chunk per token as it is decided, also while a call's text is held back until the
+    call is whole), from llama-server's own timings (predicted_n tokens in predicted_ms), else from the chunks of
+    text and calls."""
 
     def __init__(self, url: str, settings: AgentBenchSettings, extra_body: dict | None = None):
         try:
@@ -168,12 +176,14 @@ class OpenAIChat:
             model=self.model, messages=messages, tools=TOOLS, tool_choice=tool_choice, temperature=0,
             max_tokens=max_tokens or self.max_tokens, stream=True, stream_options={"include_usage": True},
             extra_body=self.extra_body)
+        events: list[float] = []  # arrival of each token event (our provenance chunks)
         for chunk in stream:
             now = time.perf_counter() - start
             extra = chunk.model_extra or {}
             record.timings = extra.get("timings") or record.timings
             if chunk.usage is not None:
                 _read_usage(record, chunk.usage, extra)
+            events += [now] * len((extra.get("specdecode") or {}).get("tokens") or ())
             for choice in chunk.choices:
                 delta = choice.delta
                 if delta.content or delta.tool_calls:
@@ -191,6 +201,18 @@ class OpenAIChat:
         record.tool_calls = [calls[i] for i in sorted(calls)]
         if record.cached_tokens is None and record.timings and "cache_n" in record.timings:
             record.cached_tokens = record.timings["cache_n"]  # llama-server's own count of reused prompt tokens
+        _decode_time(record, events)
+
+
+def _decode_time(record: TurnRecord, events: list[float]) -> None:
+    timings = record.timings or {}
+    if len(events) >= 2:
+        record.decode_tokens, record.decode_time_s = len(events) - 1, events[-1] - events[0]
+    elif timings.get("predicted_n", 0) >= 2 and timings.get("predicted_ms"):
+        # its generation time starts after the prompt's evaluation, which gave the first token
+        record.decode_tokens, record.decode_time_s = timings["predicted_n"] - 1, timings["predicted_ms"] / 1000
+    elif record.ttft_s is not None and record.last_token_s is not None and record.output_tokens >= 2:
+        record.decode_tokens, record.decode_time_s = record.output_tokens - 1, record.last_token_s - record.ttft_s
 
 
 def _read_usage(record: TurnRecord, usage, extra: dict) -> None:
@@ -317,9 +339,9 @@ def started_methods(settings: AgentBenchSettings):
     from .llamacpp_peers import default_threads
 
     with contextlib.ExitStack() as stack:
-        methods = {name: OpenAIChat(url, settings) for name, url in settings.servers}
+        methods = {name: OpenAIChat(url, settings, PROVENANCE) for name, url in settings.servers}
         if settings.plain and settings.servers:
-            methods[PLAIN] = OpenAIChat(settings.servers[0][1], settings, {"num_speculative_tokens": 0})
+            methods[PLAIN] = OpenAIChat(settings.servers[0][1], settings, {**PROVENANCE, "num_speculative_tokens": 0})
         if LLAMA_SERVER in settings.methods:
             server = LlamaServer(find_binary(settings.llama_server or None), settings.peer_gguf,
                                  settings.peer_threads or default_threads(), settings.peer_context)
