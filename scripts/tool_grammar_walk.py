@@ -13,7 +13,7 @@ import time
 from transformers import AutoTokenizer
 
 from specdecode.constraints import ConstraintSpec, GrammarCompiler
-from specdecode.models import registry
+from specdecode.models import catalog
 from specdecode.tool_calls import markers, parse_tools, tool_grammar
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]},
@@ -26,7 +26,7 @@ ANSWER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "u
 
 
 def main() -> None:
-    tok = AutoTokenizer.from_pretrained(str(registry.tokenizer_path("qwen2.5-coder-1.5b-instruct")))
+    tok = AutoTokenizer.from_pretrained(str(catalog.tokenizer_path("qwen2.5-coder-1.5b-instruct")))
     eos = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
     compiler = GrammarCompiler.for_tokenizer(tok, len(tok), eos_token_ids=eos)
     tools = parse_tools(TOOLS)

@@ -18,7 +18,7 @@ import time
 import torch
 
 from specdecode.backends.llamacpp import LlamaCppBackend
-from specdecode.models import registry
+from specdecode.models import catalog
 from specdecode.loading import locate_model
 from specdecode.token_tree import chain
 
@@ -32,7 +32,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--json")
     args = ap.parse_args()
-    path = locate_model(args.target, "llamacpp").path if registry.is_registered(args.target) else args.target
+    path = locate_model(args.target, "llamacpp").path if catalog.is_registered(args.target) else args.target
     streams = LlamaCppBackend(path, n_ctx=2048, n_threads=args.threads)  # a KV stream per row (the default)
     shared = LlamaCppBackend(path, n_ctx=2048, n_threads=args.threads, token_trees=True)  # one stream, trees
     context = torch.randint(1000, 30000, (1, args.context), generator=torch.Generator().manual_seed(0))

@@ -112,9 +112,9 @@ def tiny_model_dirs(tmp_path_factory, tokenizer, tiny_pair):
 def smol_path():
     """The SmolLM2-135M GGUF (a real llama.cpp model, from the `[test]` extra's weights package)."""
     pytest.importorskip("llama_cpp")
-    from specdecode.models import registry
+    from specdecode.models import catalog
 
-    info = registry.get_model_info("smollm2-135m-instruct")
+    info = catalog.get_model_info("smollm2-135m-instruct")
     if not info.installed:
         pytest.skip(f"needs the SmolLM2 GGUF package: {info.pip_command}")
-    return registry.part_path(info.parts[0], info)
+    return catalog.part_path(info.parts[0], info)

@@ -42,12 +42,12 @@ def _static(model):
 def _llamacpp():
     pytest.importorskip("llama_cpp")
     from specdecode.backends.llamacpp import EXACT_TOKENS_PER_FORWARD, LlamaCppBackend
-    from specdecode.models import registry
+    from specdecode.models import catalog
 
-    info = registry.get_model_info("smollm2-135m-instruct")
+    info = catalog.get_model_info("smollm2-135m-instruct")
     if not info.installed:
         pytest.skip(f"needs the SmolLM2 GGUF package: {info.pip_command}")
-    path = registry.part_path(info.parts[0], info)
+    path = catalog.part_path(info.parts[0], info)
     return lambda: LlamaCppBackend(path, n_ctx=128, n_threads=1, max_rows=LLAMA_ROWS,
                                    max_tokens_per_forward=EXACT_TOKENS_PER_FORWARD)
 

@@ -111,9 +111,9 @@ def test_speculative_binary_reads_its_options_from_help(tmp_path):
 @pytest.fixture(scope="module")
 def smol_gguf():
     pytest.importorskip("llama_cpp")
-    from specdecode.models import prepare, registry
+    from specdecode.models import catalog, prepare
 
-    info = registry.get_model_info(SMOL)
+    info = catalog.get_model_info(SMOL)
     if not info.installed:
         pytest.skip(f"needs the SmolLM2 GGUF package: {info.pip_command}")
     return str(prepare.prepare_gguf(SMOL, progress=False)[0])

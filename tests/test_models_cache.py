@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.models import cache, registry
-from specdecode.models.registry import ModelInfo, Part, UnknownModelError
+from specdecode.models import cache, catalog
+from specdecode.models.catalog import ModelInfo, Part, UnknownModelError
 
 
 @pytest.fixture
@@ -14,16 +14,16 @@ def fake_models(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
     names = ("fake-a", "fake-b")
     for name in names:
-        registry.register(ModelInfo(name=name, description="", params=1, size=1, sha256="cd" * 32,
+        catalog.register(ModelInfo(name=name, description="", params=1, size=1, sha256="cd" * 32,
                                     tokenizer_family="tiny", parts=(Part(f"{name}-weights", "1.0", "fake_mod"),)),
                           replace=True)
     yield names
     for name in names:
-        registry.unregister(name)
+        catalog.unregister(name)
 
 
 def _fill(name: str, sizes: dict[str, int], root=None):
-    root = root or registry.model_path(name)
+    root = root or catalog.model_path(name)
     for rel, size in sizes.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(b"\0" * size)
@@ -32,11 +32,11 @@ def _fill(name: str, sizes: dict[str, int], root=None):
 
 def _fill_llamacpp(name: str, gguf_size: int):
     """What the llama.cpp path keeps: a joined GGUF, its stamp, the extracted tokenizer."""
-    gguf = registry.gguf_cache_path(name)
+    gguf = catalog.gguf_cache_path(name)
     gguf.parent.mkdir(parents=True, exist_ok=True)
     gguf.write_bytes(b"\0" * gguf_size)
     gguf.with_name(gguf.name + ".json").write_text("{}")
-    _fill(name, {"tokenizer.json": 98}, root=registry.tokenizer_path(name))
+    _fill(name, {"tokenizer.json": 98}, root=catalog.tokenizer_path(name))
     return gguf
 
 
@@ -46,7 +46,7 @@ def test_sizes(fake_models):
     assert cache.model_size("fake-b") == 0  # not in the cache
     sizes = cache.cache_sizes()
     assert sizes["fake-a"] == 1029 and sizes["fake-b"] == 0
-    assert set(sizes) == {m.name for m in registry.list_models()}
+    assert set(sizes) == {m.name for m in catalog.list_models()}
     with pytest.raises(UnknownModelError):
         cache.model_size("nope")
 

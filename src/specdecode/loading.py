@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .backends import backend_help, get_backend, registered_backends
 from .errors import OptionError
-from .models import registry
+from .models import catalog
 from .models.prepare import Progress, _gguf_location, _stamp_matches, prepare_gguf, prepare_model, tokenizer_prepared
 from .models.sources import LoadedModel, LoadOptions
 
@@ -110,12 +110,12 @@ class ModelLocation:
 
 def locate_model(name: str, backend: str = AUTO_BACKEND) -> ModelLocation:
     """The location of built-in model `name` for `backend` (auto: the backend a CPU load would choose)."""
-    info = registry.get_model_info(name)  # an unknown name fails here, with the known ones
+    info = catalog.get_model_info(name)  # an unknown name fails here, with the known ones
     chosen = choose_backend(info.name, backend, LoadOptions()).name
     if chosen in GGUF_BACKENDS:
         path = _gguf_location(info)
         return ModelLocation(info.name, chosen, path, _stamp_matches(info, path) and tokenizer_prepared(info))
-    return ModelLocation(info.name, chosen, registry.model_path(info.name), registry.is_cached(info.name))
+    return ModelLocation(info.name, chosen, catalog.model_path(info.name), catalog.is_cached(info.name))
 
 
 def prepare_location(location: ModelLocation, progress=None) -> Path:

