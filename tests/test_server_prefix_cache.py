@@ -76,7 +76,8 @@ QUESTIONS = ["How do I read a CSV file?", "And how do I write one back with a he
 
 @pytest.fixture(scope="module")
 def smol_servers(smol_path):
-    """Two servers on SmolLM2 (llama.cpp, plain decoding): the prefix cache on, and off."""
+    """Two servers on SmolLM2 (llama.cpp, plain decoding): the prefix cache on, and off. Answers are not prefilled
+    while idle here (answer_kv "off", what a turn that comes at once sees): tests/test_answer_kv.py has the rest."""
     from specdecode import AutoregressiveGenerator, load_model
     from specdecode.backends.llamacpp import LlamaCppBackend
     from test_server_helpers import LiveServer
@@ -87,7 +88,7 @@ def smol_servers(smol_path):
                            backend_options={"n_ctx": 256}).tokenizer
     servers = []
     for cache in (65536, 0):
-        settings = ServerSettings(max_batch_size=1, prefix_cache_tokens=cache, prefix_cache_rows=2)
+        settings = ServerSettings(max_batch_size=1, prefix_cache_tokens=cache, prefix_cache_rows=2, answer_kv="off")
         target = LlamaCppBackend(smol_path, n_ctx=2048, max_rows=settings.model_rows, n_threads=1)
         generator = AutoregressiveGenerator(target, tokenizer=tokenizer)
         servers.append(LiveServer(create_app(generator, "smol", tokenizer, settings)).start())

@@ -12,6 +12,13 @@ prefilled (an entry's `exact`: its prompt): the KV of generated tokens came from
 which a cold prefill of a later prompt computes in larger forwards, with other numbers (llama.cpp's kernels, and
 torch's for one-token forwards on the CPU). Entries are evicted least recently used, under a token budget and the
 backend's spare rows (llama.cpp sequences).
+
+An agent's next turn re-sends the last answer, so what an answer's KV is worth is a setting (`answers`, ANSWER_KV):
+"off" lends prompts only; "prefill" also prefills a parked answer again while the server is idle (an agent runs its
+tools between turns: `prefill_answer`, a chunk at a time), in a cold prefill's forwards, and lends it from then on,
+bit for bit what a cold prefill gives; "lend" lends the decode-computed KV as it is (as llama-server and
+llama-cpp-python do): equal to a cold prefill's up to float rounding, and then on any length, not the backend's
+reusable_prefix.
 """
 
 from __future__ import annotations
@@ -20,9 +27,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .backends.base import caches_prefixes, reusable_prefix
+from .backends.base import caches_prefixes, prefill_parked, reusable_prefix
 
 MIN_REUSE = 16  # shorter matches are not worth a copy
+ANSWER_KV = ("prefill", "lend", "off")  # what a parked answer's KV is worth: see the module's doc
+IDLE_CHUNK = 512  # tokens of an answer's idle prefill per call without a prefill budget (llama.cpp's n_batch)
+FAR = 1 << 30  # the length of "a later prompt that goes on well past this entry" for reusable_prefix
 MAX_BYTES = 1 << 30  # KV copies held in memory of their own (transformers) at most; llama.cpp's live in its cache
 
 
@@ -32,6 +42,8 @@ class _Entry:
     handle: object  # the backend's handle to it (dropping the handle frees the KV)
     used: int  # clock of the last hit or insertion
     exact: int  # leading tokens whose KV was prefilled (a cold prefill computes them the same way): a match's cap
+    goal: int  # what exact becomes once the answer is prefilled again (prefill_answer); exact when it is not to be
+    started: bool = False  # its idle prefill has begun (its KV from `exact` on is gone)
 
 
 @dataclass
@@ -42,6 +54,7 @@ class PrefixCacheStats:
     prompt_tokens: int = 0  # prompt tokens looked up
     evictions: int = 0
     inserted: int = 0
+    idle_prefilled_tokens: int = 0  # answers' tokens prefilled again while idle (prefill_answer), to be lent exactly
 
     def to_dict(self) -> dict:
         return dict(self.__dict__, hit_rate=self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0)
@@ -54,9 +67,14 @@ class PrefixCache:
 
     max_tokens: int = 1 << 16
     max_bytes: int = MAX_BYTES
+    answers: str = "off"  # what a parked answer's KV is worth (ANSWER_KV, the module's doc)
     entries: list[_Entry] = field(default_factory=list)
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     _clock: int = 0
+
+    def __post_init__(self):
+        if self.answers not in ANSWER_KV:
+            raise ValueError(f"answers must be one of {', '.join(ANSWER_KV)}, got {self.answers!r}")
 
     @property
     def tokens(self) -> int:
@@ -84,11 +102,12 @@ class PrefixCache:
     def park(self, backend, rows: list[int], tokens: list[list[int] | None], exact: list[int]) -> None:
         """These rows leave the backend's batch (as select_rows of the others would) and their KV stays, as entries:
         tokens[i] is what row rows[i] holds, in order (None: nothing worth keeping, its KV is freed), of which the
-        first exact[i] were prefilled (its prompt: all a later prompt may reuse, see insert)."""
+        first exact[i] were prefilled (its prompt: all a later prompt may reuse, see insert; all it holds when
+        answers are lent)."""
         held = backend.lengths
         for b, seq, n, handle in zip(rows, tokens, exact, backend.park(rows)):
             if seq is not None:
-                self.insert(seq[: held[b]], handle, exact=n)
+                self.insert(seq[: held[b]], handle, exact=held[b] if self.answers == "lend" else n)
 
     def make_room(self, backend, rows: int, keep: list) -> bool:
         """Evict until the backend can fork `rows` new rows (parked entries hold its spare rows), entries whose
@@ -118,7 +137,10 @@ class PrefixCache:
             n = common_prefix(np.asarray(tokens[:held], dtype=np.int64), want)
             if n > best_n:
                 best, best_n, best_row = None, n, b
-        n = reusable_prefix(backend, len(prompt), best_n, budget)
+        if self.answers == "lend":  # decode-computed KV is lent: no forward shapes to keep, any length will do
+            n = max(0, min(best_n, len(prompt) - 1))
+        else:
+            n = reusable_prefix(backend, len(prompt), best_n, budget)
         if n < MIN_REUSE:
             return None
         self._clock += 1
@@ -135,17 +157,46 @@ class PrefixCache:
 
     def insert(self, tokens: list[int], handle, exact: int | None = None) -> None:
         """Park a finished row's KV (tokens: what it holds; exact: how many of them were prefilled, its prompt, the
-        only part a later prompt may reuse; None: all). An entry that the new one extends is dropped."""
+        only part a later prompt may reuse until prefill_answer has prefilled the rest; None: all). An entry that
+        the new one extends (what it will lend) is dropped."""
         exact = len(tokens) if exact is None else min(exact, len(tokens))
-        if exact < MIN_REUSE or len(tokens) > self.max_tokens:
+        goal = len(tokens) if self.answers == "prefill" else exact
+        if goal < MIN_REUSE or len(tokens) > self.max_tokens:
             return
         new = np.asarray(tokens, dtype=np.int64)
-        self.entries = [e for e in self.entries if min(common_prefix(e.tokens, new), exact) < e.exact]
+        self.entries = [e for e in self.entries if min(common_prefix(e.tokens, new), goal) < e.goal]
         self._clock += 1
-        self.entries.append(_Entry(new, handle, self._clock, exact))
+        self.entries.append(_Entry(new, handle, self._clock, exact, goal))
         self.stats.inserted += 1
         while self.tokens > self.max_tokens or self.bytes > self.max_bytes:
             self._evict()
+
+    def prefill_answer(self, backend, budget: int | None) -> int:
+        """Idle work, one chunk per call (so that a request arriving meanwhile waits for one chunk at most): the
+        oldest parked answer whose KV came from decode steps is prefilled again, in place, from the longest prefix
+        of its entry after which that prefill computes what a cold prefill of a later prompt re-sending it would
+        (reusable_prefix), in a cold prefill's chunks (cuts at multiples of `budget`, the prefill tokens per step,
+        or of IDLE_CHUNK); each chunk done is lent from then on. The tokens prefilled; 0: nothing left to do."""
+        entry = next((e for e in self.entries if e.exact < e.goal), None)
+        if entry is None:
+            return 0
+        length = len(entry.tokens)
+        if not entry.started:  # where a next prompt, which re-sends the answer and more, would take more from here
+            start = reusable_prefix(backend, FAR, entry.exact, budget)
+            if reusable_prefix(backend, FAR, length, budget) <= start:
+                entry.goal = entry.exact
+                return self.prefill_answer(backend, budget)
+            entry.exact, entry.started = start, True
+        start, step = entry.exact, budget or IDLE_CHUNK
+        end = min(length, start + step - start % step)
+        try:
+            entry.handle = prefill_parked(backend, entry.handle, start, entry.tokens[start:end].tolist())
+        except BaseException:  # its KV may be half written: it goes
+            self.entries.remove(entry)
+            raise
+        entry.exact = end
+        self.stats.idle_prefilled_tokens += end - start
+        return end - start
 
     def clear(self) -> None:
         self.entries = []

@@ -69,6 +69,8 @@ class PrefixCaching(Protocol):
     def load_prefixes(self, prefixes: list) -> None:
         """On a fresh fork: row b starts from the first n tokens of handle's KV, for each (handle, n) (None: empty)."""
 
+    # Optional: prefill_parked(handle, start, ids) -> handle, in place (see the function of that name).
+
 
 class TokenTrees(Protocol):
     """What a backend offers to verify token trees (optional: `verifies_trees` says whether a backend has it now).
@@ -111,6 +113,21 @@ def reusable_prefix(backend, length: int, matched: int, budget: int | None) -> i
     if own is not None:
         return own(length, matched, budget)
     return max(0, min(matched, length - 1))
+
+
+def prefill_parked(backend, handle, start: int, ids: list[int]):
+    """A parked row's KV (a handle of `park`) with its tokens from `start` on replaced by ids, prefilled as a row of
+    this backend prefills them (one forward that wants the last logits only, cut as the backend cuts a prefill);
+    the handle that holds the result. A backend may do it in place (llama.cpp: the parked sequence); otherwise a
+    fork takes the first `start` tokens, prefills, and is parked."""
+    own = getattr(backend, "prefill_parked", None)
+    if own is not None:
+        return own(handle, start, ids)
+    fork = backend.fork(1)
+    if start:
+        fork.load_prefixes([(handle, start)])
+    fork.forward(torch.tensor([ids], dtype=torch.long, device=backend.device), last_only=True)
+    return fork.park([0])[0]
 
 
 def max_rows(backend) -> int | None:

@@ -267,6 +267,21 @@ class LlamaCppBackend:
             lib.llama_memory_seq_rm(memory, self._seqs[b], n, -1)
             self._lengths[b] = n
 
+    def prefill_parked(self, handle: _ParkedSequence, start: int, ids: list[int]) -> _ParkedSequence:
+        """In place (the prefix cache's idle prefill of an answer): the parked sequence forgets its tokens from
+        `start` on and prefills ids there through the decode calls a row's prefill makes; no spare sequence, no
+        copy of the KV stream."""
+        if not 0 <= start <= handle.length:
+            raise ValueError(f"a parked sequence of {handle.length} tokens cannot be prefilled from {start}")
+        self._shared.lib.llama_memory_seq_rm(self._shared.memory, handle.seq, start, -1)
+        handle.length = start
+        row = object.__new__(type(self))  # a one-row view of the parked sequence, owned by the handle still
+        row.__dict__.update(self.__dict__)
+        row._seqs, row._lengths = [handle.seq], [start]
+        row.forward(torch.tensor([ids], dtype=torch.long), last_only=True)
+        handle.length = row._lengths[0]
+        return handle
+
     # ------------------------------------------------------------------ token trees (token_tree.py)
     @property
     def supports_trees(self) -> bool:

@@ -36,6 +36,10 @@ def serve(
                                             "prompt); exact: the same output as a cold prefill (0: off)."),
     prefix_cache_rows: int = typer.Option(4, "--prefix-cache-rows", help="llama.cpp: sequences beside "
                                           "--max-batch-size that hold cached prefixes (each a KV stream of n_ctx)."),
+    answer_kv: str = typer.Option("prefill", "--answer-kv", help="What a finished answer's KV is worth to the "
+                                  "next turn, which re-sends it: prefill (prefilled again while the server is "
+                                  "idle, as a cold prefill would: exact), lend (the decode-computed KV, as "
+                                  "llama-server does: equal up to float rounding) or off (prompts only)."),
     escaped_copies: bool = typer.Option(True, "--escaped-copies/--no-escaped-copies", help="Requests whose answer "
                                         "is JSON (tools, a json response_format): the suffix draft's history takes "
                                         "the tool and user messages' texts as JSON escapes them, so a call that "
@@ -89,6 +93,7 @@ def serve(
                                   draft_name=display_name(opts.draft) if opts.has_draft else None,
                                   prefill_tokens_per_step=prefill_tokens_per_step, static_batching=static_batching,
                                   prefix_cache_tokens=prefix_cache_tokens, prefix_cache_rows=prefix_cache_rows,
+                                  answer_kv=answer_kv,
                                   escaped_copies=escaped_copies, strict_tool_calls=strict_tool_calls,
                                   max_tool_calls=max_tool_calls)
         if ray:

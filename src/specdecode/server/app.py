@@ -67,6 +67,8 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
     served = ServedModel.of(generator, served_names(model_name, settings.served_model_names), tokenizer,
                             settings.draft_name)
     generator.set_prefix_cache(settings.prefix_cache_tokens)
+    if getattr(generator, "prefix_cache", None) is not None:  # the target's: what an answer's KV is worth
+        generator.prefix_cache.answers = settings.answer_kv
     metrics = ServerMetrics()
     batcher = Batcher(generator, max_batch_size=settings.max_batch_size, max_queue=settings.max_queue,
                       prefill_tokens_per_step=settings.prefill_tokens_per_step, metrics=metrics,

@@ -201,6 +201,7 @@ class Batcher:
         self._stopping = False
         self._abort = False
         self._thread: threading.Thread | None = None
+        self._idle_work = False  # the session may have idle work (Batcher._idle_step)
 
     # ------------------------------------------------------------------ event-loop side
     @property
@@ -292,11 +293,16 @@ class Batcher:
         self.session = self._new_session()
         while True:
             with self._cond:
-                while not self._pending and not self._running and not self._stopping:
+                while not self._pending and not self._running and not self._stopping and not self._idle_work:
                     self._cond.wait()
                 if self._stopping and not self._running:
                     return
                 joining = self._take_jobs()
+                idle = not joining and not self._running
+            if idle:  # nothing to serve: a chunk of idle work, then the queue is looked at again
+                self._idle_step()
+                continue
+            self._idle_work = True  # rows that finish park their KV: an answer may be worth prefilling once idle
             try:  # joining and cancelling too: nothing a request brings may end the worker thread
                 for job in joining:
                     self._join(job)
@@ -311,6 +317,16 @@ class Batcher:
                 log.exception("engine step failed (rows of %d requests)", len(self._running))
                 self._recover(exc)
                 continue
+
+    def _idle_step(self) -> None:
+        """One chunk of the session's idle work (a parked answer's prefill, session.idle_prefill); none left: the
+        worker waits for requests. A failure there drops only that cached answer (the prefix cache does) and is
+        logged: no request is in the session; the rest waits for the next request's end."""
+        try:
+            self._idle_work = self.session.idle_prefill() > 0
+        except Exception:
+            self._idle_work = False
+            log.exception("idle prefill of a cached answer failed")
 
     def _new_session(self):
         return self.generator.session(prefill_tokens_per_step=self.prefill_tokens_per_step,

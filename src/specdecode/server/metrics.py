@@ -115,7 +115,9 @@ class ServerMetrics:
                           ("prompt_tokens", "Prompt tokens looked up in the prefix cache."),
                           ("hit_rate", "Cached prompt tokens / prompt tokens looked up."),
                           ("hits", "Prompts that took a prefix from the cache."),
-                          ("evictions", "Cached prefixes evicted (token budget or spare rows).")):
+                          ("evictions", "Cached prefixes evicted (token budget or spare rows)."),
+                          ("idle_prefilled_tokens", "Answers' tokens prefilled again while the server was idle, "
+                                                    "so that later prompts take them from the cache exactly.")):
             Gauge(f"specdecode_prefix_cache_{name}", doc, registry=self.registry).set_function(figure(name))
         Gauge("specdecode_prefix_cache_tokens", "Tokens of KV the prefix cache holds.",
               registry=self.registry).set_function(lambda: cache_of().tokens if cache_of() is not None else 0)

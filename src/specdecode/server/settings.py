@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import OptionError
+from ..prefix_cache import ANSWER_KV
 from ..speculation import MAX_K
 
 DEFAULT_ALIAS = "specdecode"  # always served unless --served-model-name says otherwise: what the README's examples use
@@ -34,6 +35,7 @@ class ServerSettings:
     retry_after_s: int = 1
     prefix_cache_tokens: int = 65536  # KV of finished requests kept for prompts that start the same (0: off)
     prefix_cache_rows: int = 4  # llama.cpp: spare sequences that hold cached prefixes, beside max_batch_size
+    answer_kv: str = "prefill"  # a finished answer's KV: prefilled again while idle, lent as decoded, or not lent
     escaped_copies: bool = True  # JSON answers: the suffix history takes the messages' texts JSON-escaped
     strict_tool_calls: bool = False  # tool calls in the template's own form only (no fenced or bare JSON)
     max_tool_calls: int = 0  # calls in one answer at most (0: the number of tools the request declares)
@@ -46,6 +48,9 @@ class ServerSettings:
         _integer("retry_after_s", self.retry_after_s, 0)
         _integer("prefix_cache_tokens", self.prefix_cache_tokens, 0)
         _integer("prefix_cache_rows", self.prefix_cache_rows, 0)
+        if self.answer_kv not in ANSWER_KV:
+            raise OptionError("answer_kv", f"answer_kv must be one of {', '.join(ANSWER_KV)} (prefill: exact, lend: "
+                                           f"equal up to float rounding, off: prompts only), got {self.answer_kv!r}")
         if self.prefill_tokens_per_step is not None:
             _integer("prefill_tokens_per_step", self.prefill_tokens_per_step, 0)
             self.prefill_tokens_per_step = self.prefill_tokens_per_step or None  # 0: whole prompts at once
