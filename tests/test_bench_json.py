@@ -1,4 +1,4 @@
-"""The bench's method registry, its interleave loop, and the JSON-schema workload: the built-in json set, the
+"""The bench's table of methods, its interleave loop, and the JSON-schema workload: the built-in json set, the
 validity check, our methods under schemas on the tiny models, and llama-cpp-python's JSON-schema peer on the small
 real GGUF SmolLM2-135M (skipped when its package is absent)."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from specdecode.bench.methods import DEFAULT_METHODS, METHODS, REGISTRY, BenchMethod, default_methods, plain_of
+from specdecode.bench.methods import DEFAULT_METHODS, METHODS, METHOD_CLASSES, BenchMethod, default_methods, plain_of
 from specdecode.bench.prompts import BUILTIN_SETS, load_builtin, parse_prompts
 from specdecode.bench.units import Unit
 from specdecode.bench.validity import minimal_error, output_error, validity
@@ -23,12 +23,12 @@ NESTED = {"type": "object", "additionalProperties": False, "required": ["id", "t
                          "owner": {"type": ["string", "null"], "pattern": "^[a-z]+$"}}}
 
 
-# ------------------------------------------------------------------------------------------ the registry
-def test_registry_lists_each_method_once_with_its_traits():
-    assert METHODS == tuple(REGISTRY) and len(set(METHODS)) == len(METHODS)
-    for name, cls in REGISTRY.items():
+# ------------------------------------------------------------------------------------ the methods' table
+def test_the_table_lists_each_method_once_with_its_traits():
+    assert METHODS == tuple(METHOD_CLASSES) and len(set(METHODS)) == len(METHODS)
+    for name, cls in METHOD_CLASSES.items():
         assert issubclass(cls, BenchMethod) and cls.name == name
-        assert cls.plain is None or cls.plain in REGISTRY
+        assert cls.plain is None or cls.plain in METHOD_CLASSES
         assert cls.runs_on in ("ours", "transformers", "llama.cpp")
     assert METHODS[:2] == ("specdecode-plain", "specdecode")  # the report's order: ours first
     assert "llama-speculative" not in DEFAULT_METHODS  # joins when --llama-speculative names its binary
@@ -47,12 +47,12 @@ def test_methods_left_out_by_the_workload():
                             schemas=schemas)
 
     free, structured = context(None), context([TINY_SCHEMA])
-    assert REGISTRY["llamacpp-json-schema"].left_out(free).startswith("runs only on a workload with JSON schemas")
-    assert REGISTRY["hf-plain"].left_out(structured).startswith("does not constrain its output")
-    assert REGISTRY["specdecode"].left_out(structured) is None
+    assert METHOD_CLASSES["llamacpp-json-schema"].left_out(free).startswith("runs only on a workload with JSON schemas")
+    assert METHOD_CLASSES["hf-plain"].left_out(structured).startswith("does not constrain its output")
+    assert METHOD_CLASSES["specdecode"].left_out(structured) is None
     # then each method's own reasons: no transformers model, no GGUF file here
-    assert "transformers target" in REGISTRY["hf-plain"].left_out(free)
-    assert "GGUF target" in REGISTRY["llamacpp-json-schema"].left_out(structured)
+    assert "transformers target" in METHOD_CLASSES["hf-plain"].left_out(free)
+    assert "GGUF target" in METHOD_CLASSES["llamacpp-json-schema"].left_out(structured)
 
 
 def test_interleave_warms_up_then_alternates_the_units():

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import OptionError
-from .methods import REGISTRY
+from .methods import METHOD_CLASSES
 from .methods.base import LLAMACPP, TRANSFORMERS
 
 PEER_MODELS = ("stock", "same")
@@ -31,7 +31,7 @@ class LlamaPeerSetup:
 
 
 def _runs_on(methods, kind: str) -> bool:
-    return any(REGISTRY[m].runs_on == kind for m in methods)
+    return any(METHOD_CLASSES[m].runs_on == kind for m in methods)
 
 
 def stock_models(peer_models: str, opts, methods, sanity: bool, ours: str):

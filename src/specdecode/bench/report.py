@@ -67,7 +67,7 @@ def method_block(method, unit: Unit, runs: list[Measurement], max_new_tokens: in
 def sweep_config(bench, temperature: float, k, measured: dict, costs: dict) -> dict:
     """Every method's block at one (K, temperature), its speedups over the others, and the theory."""
     s = bench.settings
-    order = lambda u: (METHODS.index(u.method), u.draft_max or 0)  # noqa: E731  (the registry's order)
+    order = lambda u: (METHODS.index(u.method), u.draft_max or 0)  # noqa: E731  (the methods' order)
     blocks = {}
     for unit in sorted(bench.units(temperature), key=order):
         if unit.k in (None, k):

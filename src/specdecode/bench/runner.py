@@ -1,7 +1,7 @@
 """`specdecode bench`: our loop against its peers (transformers, llama.cpp), in one process, on the same prompts
 and settings.
 
-The methods are in bench/methods/, one class each, listed in one registry (its docstring says how to add one).
+The methods are in bench/methods/, one class each, listed in one table (its docstring says how to add one).
 All decode the same target, one prompt at a time unless --batch-size, the same number of new tokens per prompt.
 The llama.cpp methods need a GGUF target (a built-in model or a .gguf file), whatever backend ours run on.
 
@@ -40,7 +40,7 @@ from ..engine import AutoregressiveGenerator, SpeculativeGenerator
 from .costs import cost_ks, measure_costs
 from .interleave import interleave
 from .llamacpp_peers import LOOKUP_DEFAULT_TOKENS
-from .methods import REGISTRY, BenchContext, BenchMethod
+from .methods import METHOD_CLASSES, BenchContext, BenchMethod
 from .methods.hf import transformers_model
 from .peers import LlamaPeerSetup, llama_context, model_part
 from .report import bench_report
@@ -94,16 +94,16 @@ class Bench:
             llama_ctx=llama_context(prompt_ids, settings.max_new_tokens, extra), schemas=schemas, target=target,
             turns=turns)
         # the methods asked for that cannot run here, and why
-        self.skipped = {name: why for name, cls in REGISTRY.items()
+        self.skipped = {name: why for name, cls in METHOD_CLASSES.items()
                         if name in settings.methods and (why := cls.left_out(self.ctx))}
-        chosen = [m for m in REGISTRY if m in settings.methods and m not in self.skipped]  # canonical order
+        chosen = [m for m in METHOD_CLASSES if m in settings.methods and m not in self.skipped]  # canonical order
         if not chosen:
             raise ValueError("no method left to run: " + "; ".join(f"{m}: {why}" for m, why in self.skipped.items()))
         self.methods = tuple(chosen)
         self.runners: dict[str, BenchMethod] = {}
         try:
             for name in chosen:
-                self.runners[name] = REGISTRY[name](self.ctx)
+                self.runners[name] = METHOD_CLASSES[name](self.ctx)
         except BaseException:
             self.close()
             raise

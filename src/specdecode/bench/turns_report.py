@@ -32,7 +32,7 @@ def label(unit: Unit) -> str:
 
 def turns_report(bench, measured: dict[Unit, list[Measurement]]) -> dict:
     plan = bench.turns
-    # the registry's order (ours first, then llama.cpp's), each method's Ks in the sweep's order
+    # the methods' order (ours first, then llama.cpp's), each method's Ks in the sweep's order
     units = sorted((u for u in bench.units(bench.settings.temperatures[0]) if u in measured),
                    key=lambda u: METHODS.index(u.method))
     prompts = range(len(plan.rows))

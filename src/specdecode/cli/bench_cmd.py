@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from ..backends import huge_pages
-from ..bench.methods import DEFAULT_METHODS, METHODS, REGISTRY, default_methods, plain_of
+from ..bench.methods import DEFAULT_METHODS, METHODS, METHOD_CLASSES, default_methods, plain_of
 from ..bench.methods.base import NO_DRAFT
 from ..bench.methods.llamacpp_speculative import LlamaSpeculative
 from .app import app
@@ -202,7 +202,7 @@ def _chosen_methods(methods: str, llama_speculative: Optional[str], structured: 
     schemas, or multi-turn); llama-speculative joins them when its binary is given (not on multi-turn: it does not
     stop at the end of generation)."""
     chosen = [m.strip() for m in methods.split(",") if m.strip()]
-    unknown = [m for m in chosen if m not in REGISTRY]
+    unknown = [m for m in chosen if m not in METHOD_CLASSES]
     if unknown or not chosen:
         raise CLIError(f"unknown --methods {', '.join(unknown) or '(none)'}: choose among {', '.join(METHODS)}")
     if methods != ",".join(DEFAULT_METHODS):

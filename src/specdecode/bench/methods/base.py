@@ -3,8 +3,8 @@
 A method is one class: its name in --methods and in the report, whether it can run here (`unavailable`), how it
 decodes the bench's batches (`run`, one Measurement per call) and what it adds to its report block (`report`).
 The runner, the interleave loop and the report know methods only through this interface. A method's module
-imports its libraries (torch, numpy, transformers, llama_cpp) inside its functions: the registry is cheap to
-import, and the CLI lists it in its help.
+imports its libraries (torch, numpy, transformers, llama_cpp) inside its functions: the table of methods is
+cheap to import, and the CLI lists it in its help.
 """
 
 from __future__ import annotations
