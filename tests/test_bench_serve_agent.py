@@ -256,22 +256,30 @@ def test_a_server_named_plain_is_the_reference():
 
 # ------------------------------------------------------------------------ end to end, live tiny servers
 
-@pytest.fixture(scope="module")
-def tool_server(tiny_pair, tokenizer):
-    """A live tiny server whose tokenizer has Qwen2.5's chat template (tools and tool messages) and 2048 positions
-    (the template's system prompt with three tools is ~1000 tiny tokens)."""
-    import copy
+TINY_TASK = {"id": "comment", "kind": "edit", "instruction": "Add a comment line at the top of a.py.",
+             "files": {"a.py": "x = 1\n", "b.txt": "hello\n"},
+             "check": "assert read('a.py').startswith('#') and __import__('a').x == 1"}
 
+
+def agent_script(prompt: str) -> str:
+    """What a scripted tiny model answers at each step of TINY_TASK: list, read, write, then a sentence."""
+    from scripted_models import call
+
+    steps = [call("list_files", {}), call("read_file", {"path": "a.py"}),
+             call("write_file", {"path": "a.py", "content": "# one\nx = 1\n"}), "Done."]
+    return steps[min(prompt.count("<tool_response>"), len(steps) - 1)]
+
+
+@pytest.fixture(scope="module")
+def tool_server(tokenizer):
+    """A live tiny server (Qwen2.5's chat template, 2048 positions) on models scripted to do TINY_TASK in auto
+    mode: their own tokens start each call."""
+    from scripted_models import scripted_pair, tool_tokenizer
     from test_server_helpers import one_torch_thread  # noqa: F401
     from test_server_helpers import serve
-    from test_server_tools import QWEN25_TEMPLATE
 
-    tok = copy.deepcopy(tokenizer)
-    tok.chat_template = QWEN25_TEMPLATE.strip()
-    pair = copy.deepcopy(tiny_pair)
-    for model in pair:
-        model.config.max_position_embeddings = 2048
-    srv = serve(pair, tok, k=3, max_tokens_limit=400, request_timeout=120)
+    tok = tool_tokenizer(tokenizer)
+    srv = serve(scripted_pair(tok, agent_script), tok, k=3, max_tokens_limit=400, request_timeout=120)
     yield srv
     srv.stop()
 
@@ -281,52 +289,72 @@ def _run_cli(args, tmp_path):
 
     from specdecode.cli.app import app
 
-    report_path = tmp_path / "agent.json"
-    result = CliRunner().invoke(app, ["bench", "serve", "--workload", "agent", *args, "--json", str(report_path)])
+    tasks, report_path = tmp_path / "tasks.jsonl", tmp_path / "agent.json"
+    tasks.write_text(json.dumps(TINY_TASK) + "\n")
+    result = CliRunner().invoke(app, ["bench", "serve", "--workload", "agent", "--prompts", str(tasks), *args,
+                                      "--json", str(report_path)])
     assert result.exit_code == 0, result.output
     return result.output, json.loads(report_path.read_text())
 
 
-def test_the_workload_end_to_end_against_a_live_server_and_llamacpp_function_calling(tool_server, smol_path,
-                                                                                      tmp_path):
-    # steered, so that the tiny random model calls tools; one task keeps the tiny context
-    output, report = _run_cli(["--server", f"ours={tool_server.url}", "--plain", "--steer", "--peer-gguf",
-                               str(smol_path), "--threads", "1", "--peer-context", "4096", "--nb-prompts", "1",
-                               "--turns", "4", "--max-tokens", "80"], tmp_path)
+def test_the_workload_end_to_end_in_auto_mode_against_a_live_server_and_llamacpp_function_calling(
+        tool_server, smol_path, tmp_path):
+    output, report = _run_cli(["--server", f"ours={tool_server.url}", "--plain", "--peer-gguf", str(smol_path),
+                               "--threads", "1", "--peer-context", "4096", "--max-tokens", "200"], tmp_path)
     assert "per method" in output and "vs plain" in output and "prefill cold" in output and "order:" in output
-    assert report["config"]["methods"] == ["ours", PLAIN, PEER] and report["config"]["tool_choice"] != "auto"
-    assert not report["errors"], report["errors"]
-    for method in ("ours", PLAIN, PEER):
+    assert report["config"]["methods"] == ["ours", PLAIN, PEER] and report["config"]["tool_choice"] == "auto"
+    assert report["config"]["tasks"] == ["comment"] and not report["errors"], report["errors"]
+    for method in ("ours", PLAIN):  # the scripted model did the task through the tools, in auto mode
         totals = report["methods"][method]
-        assert totals["succeeded"] >= 1 and totals["calls"] >= 1 and totals["output_tokens"] > 0, (method, report)
-        assert totals["tasks"] == 1 and totals["completed"] in (0, 1)
-    # our grammar allows only valid calls; a call cut at max_tokens is the only kind that can fail the schema
-    for r in report["records"]:
-        if r["method"] != PEER and r["finish_reason"] != "length":
-            assert not r["invalid_calls"], r
-    same = report["same_text"]  # greedy decoding is exact: speculation changed no text and no call
-    assert same["checked"] >= 1 and same["differences"] == []
-    first = [r for r in report["records"] if r["method"] == "ours"][0]
-    assert first["tool_choice"] == "list_files" and first["tool_calls"][0]["name"] == "list_files"
-    assert first["speculative"] is not None and first["cached_tokens"] is not None  # our server's statistics
+        assert (totals["completed"], totals["calls_after_turn_1"], totals["turns"]) == (1, 1, 4), (method, totals)
+        assert totals["valid_calls"] == totals["calls"] == 3 and totals["ended"] == {"answer": 1}
+        assert totals["decode_tokens_per_s"] > 0 and totals["session_s"] > 0
+    records = [r for r in report["records"] if r["method"] == "ours"]
+    assert [[c["name"] for c in r["tool_calls"]] for r in records] == [["list_files"], ["read_file"],
+                                                                         ["write_file"], []]
     # timed from the provenance chunks, one per token, however the call's text was streamed
-    assert first["decode_tokens"] == first["output_tokens"] - 1 and first["decode_time_s"] > 0
-    # the warm-up cached the system prompt and tools: turn 1 of the session found them
-    assert first["cached_tokens"] > 0 and report["turns"][0]["forced_tokens"] > 0
+    assert all(r["decode_tokens"] == r["output_tokens"] - 1 for r in records if r["output_tokens"] > 1)
+    assert report["same_text"] == {"reference": PLAIN, "checked": 4, "differences": []}  # greedy is exact
+    # the warm-up cached the system prompt and tools, every later turn its own history; drafts were proposed
+    rows = [r for r in report["turns"] if r["method"] == "ours"]
+    assert all(r["cached_tokens"] > 0 for r in rows) and rows[1]["cached_tokens"] > rows[0]["cached_tokens"]
+    assert report["methods"]["ours"]["drafted_tokens"] > 0 and report["methods"][PLAIN]["drafted_tokens"] == 0
+    peer = report["methods"][PEER]  # SmolLM2 through llama-cpp-python: it ran, whatever it answered
+    assert peer["succeeded"] >= 1 and peer["output_tokens"] > 0 and peer["cold_tokens"] is None
 
 
-def test_the_workload_in_auto_mode_against_llama_server(tool_server, smol_path, tmp_path):
+def test_the_workload_against_llama_server(tool_server, smol_path, tmp_path):
     from specdecode.bench.llama_server import default_binary
 
     if not default_binary().is_file():
         pytest.skip(f"llama-server is not built at {default_binary()}: bash scripts/build_llama_server.sh")
     output, report = _run_cli(["--server", f"ours={tool_server.url}", "--peer-gguf", str(smol_path),
                                "--llama-server", str(default_binary()), "--no-function-calling", "--threads", "1",
-                               "--peer-context", "4096", "--nb-prompts", "1", "--turns", "2", "--max-tokens", "40"],
-                              tmp_path)
-    assert report["config"]["methods"] == ["ours", LLAMA_SERVER] and report["config"]["tool_choice"] == "auto"
-    assert "--jinja" in report["config"]["commands"][LLAMA_SERVER] and not report["errors"], report["errors"]
+                               "--peer-context", "4096", "--turns", "2", "--max-tokens", "40"], tmp_path)
+    assert report["config"]["methods"] == ["ours", LLAMA_SERVER] and not report["errors"], report["errors"]
+    assert "--jinja" in report["config"]["commands"][LLAMA_SERVER]
     server = [r for r in report["records"] if r["method"] == LLAMA_SERVER]
     assert server and all(r["ok"] and r["output_tokens"] > 0 for r in server)
     assert server[0]["cached_tokens"] > 0  # its prompt cache kept the warm-up's system prompt and tools
-    assert report["methods"][LLAMA_SERVER]["decode_tokens_per_s"] is not None  # streamed as ours
+    assert report["methods"][LLAMA_SERVER]["decode_tokens_per_s"] is not None  # its own timings
+
+
+def test_agent_tasks_from_a_file_and_bad_files(tmp_path):
+    from specdecode.bench.agent_tasks import load_tasks
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps(TINY_TASK) + "\n\n" + json.dumps({"instruction": "x", "files": {}}) + "\n")
+    [task, other] = load_tasks(str(path))
+    assert (task.id, task.kind, task.files, other.id, other.check) == ("comment", "edit", TINY_TASK["files"],
+                                                                       "task-2", "")
+    assert check_task(task, {**task.files, "a.py": "# c\nx = 1\n"}).passed
+    for line, message in [("{", "line 1: not valid JSON"), ('{"files": {}}', 'non-empty string "instruction"'),
+                          ('{"instruction": "x", "files": {"a": 1}}', '"files" must be an object'),
+                          ('{"instruction": "x", "files": {"../a": ""}}', "inside the repository"),
+                          ('{"instruction": "x", "files": {}, "check": 3}', '"check" (Python)')]:
+        path.write_text(line + "\n")
+        with pytest.raises(ValueError, match=re.escape(message)):
+            load_tasks(str(path))
+    path.write_text("\n")
+    with pytest.raises(ValueError, match="holds no tasks"):
+        load_tasks(str(path))

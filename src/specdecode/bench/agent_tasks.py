@@ -77,6 +77,36 @@ def builtin_tasks() -> list[AgentTask]:
     return [AgentTask(**json.loads(line)) for line in text.splitlines() if line.strip()]
 
 
+def load_tasks(path: str) -> list[AgentTask]:
+    """A user's tasks: JSON lines of {"id", "instruction", "files": {path: text}, "check" (Python, optional),
+    "kind" (optional)}; errors name the line."""
+    tasks = []
+    for lineno, line in enumerate(Path(path).expanduser().read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            tasks.append(_task(line, f"{path} line {lineno}", f"task-{len(tasks) + 1}"))
+    if not tasks:
+        raise ValueError(f"{path} holds no tasks (JSON lines of {{\"instruction\", \"files\", \"check\"}})")
+    return tasks
+
+
+def _task(line: str, where: str, default_id: str) -> AgentTask:
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+    if not isinstance(item, dict) or not isinstance(item.get("instruction"), str) or not item["instruction"].strip():
+        raise ValueError(f'{where}: expected an object with a non-empty string "instruction"')
+    files = item.get("files")
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        raise ValueError(f'{where}: "files" must be an object of file paths to their text')
+    if any(safe_path(name) is None for name in files):
+        raise ValueError(f'{where}: every path in "files" must be relative, inside the repository')
+    if not isinstance(item.get("check", ""), str) or not isinstance(item.get("kind", "edit"), str):
+        raise ValueError(f'{where}: "check" (Python) and "kind" must be strings')
+    return AgentTask(str(item.get("id", default_id)), item["instruction"], files, item.get("check", ""),
+                     item.get("kind", "edit"))
+
+
 def safe_path(path) -> str | None:
     """The path as a repository-relative POSIX path, or None when it leaves the repository (absolute, '..')."""
     if not isinstance(path, str) or not path.strip():

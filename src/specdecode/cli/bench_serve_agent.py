@@ -41,7 +41,8 @@ class PeerOptions:
 
 def run_agent(common: dict, servers: list[str], peers: PeerOptions, plain: bool, steer: bool,
               tool_latency: Optional[float], nb_tasks: Optional[int], turns: Optional[int],
-              json_path: Optional[str]) -> None:
+              json_path: Optional[str], tasks_path: Optional[str] = None) -> None:
+    from ..bench.agent_tasks import load_tasks
     from ..bench.serve import write_report
     from ..bench.serve_agent import AgentBenchSettings, bench_agent
 
@@ -54,7 +55,11 @@ def run_agent(common: dict, servers: list[str], peers: PeerOptions, plain: bool,
     gguf = peers.gguf_path()
     sizes = {"max_turns": turns, "nb_tasks": nb_tasks, "max_tokens": common.get("max_tokens"),
              "tool_latency_s": tool_latency, "peer_context": peers.context}
-    settings = AgentBenchSettings(servers=pairs, plain=plain, peer_gguf=gguf, peer_threads=peers.threads,
+    try:
+        tasks = load_tasks(tasks_path) if tasks_path else []
+    except (OSError, ValueError) as e:
+        raise CLIError(f"--prompts: {e}") from None
+    settings = AgentBenchSettings(servers=pairs, plain=plain, peer_gguf=gguf, peer_threads=peers.threads, tasks=tasks,
                                   function_calling=peers.function_calling, steer=steer,
                                   llama_server=None if peers.llama_server is None else peers.binary(),
                                   model=common["model"], api_key=common["api_key"], timeout_s=common["timeout_s"],

@@ -60,7 +60,9 @@ def bench_serve(
                                                "the peers' context per sequence (default 8192)."),
     prompts: Optional[str] = typer.Option(None, "--prompts", help="Prompt set: code, prose, edit (built in), or a "
                                           "file. Default: code; the chat workloads' user messages default to "
-                                          "built-in code-review questions; edit: the edit set."),
+                                          "built-in code-review questions; edit: the edit set; agent: a JSON-lines "
+                                          "file of tasks {id, instruction, files, check} (default: the 8 built-in "
+                                          "ones)."),
     num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n", help="Requests to send in all "
                                                "(default 100; shared-system: 16, the first one alone)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", "-c", help="Fixed concurrency: this many "
@@ -123,7 +125,7 @@ def bench_serve(
                              plot, min_max_tokens)
         elif workload == "agent":
             run_agent(common, server or [f"ours={url}"], peers, plain=plain, steer=steer, tool_latency=tool_latency,
-                      nb_tasks=nb_prompts, turns=turns, json_path=json_path)
+                      nb_tasks=nb_prompts, turns=turns, json_path=json_path, tasks_path=prompts)
         elif workload == "edit":
             from ..bench.serve_edit import EditBenchSettings, bench_edit
 
