@@ -1,5 +1,6 @@
 """The package's import graph, read from the source (no module is imported): no module imports itself back through
-others when it runs, the core never imports the CLI or the server, and a layer never imports the one above it."""
+others, when it runs or in its annotations (TYPE_CHECKING imports); the core never imports the CLI or the server; a
+layer never imports the one above it. And no source file is over 500 lines (one screen's worth of reading)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "specdecode"
+MAX_LINES = 500
 
 
-def _modules() -> dict[str, tuple[Path, bool]]:
+def _modules(root: Path) -> dict[str, tuple[Path, bool]]:
     """Dotted name -> (file, whether it is a package's __init__)."""
     found = {}
-    for path in SRC.rglob("*.py"):
-        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
         package = parts[-1] == "__init__"
         found[".".join(parts[:-1] if package else parts)] = (path, package)
     return found
@@ -27,29 +29,31 @@ def _ancestors(name: str) -> set[str]:
     return {".".join(parts[:i]) for i in range(1, len(parts))}
 
 
-def _run_time_nodes(tree: ast.AST):
-    """Every node but those under `if TYPE_CHECKING:` (imports for annotations, which never run)."""
+def _nodes(tree: ast.AST, type_checking: bool):
+    """Every node; without type_checking, none under `if TYPE_CHECKING:` (imports for annotations, which never
+    run)."""
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if not type_checking and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             stack.extend(node.orelse)
             continue
         yield node
         stack.extend(ast.iter_child_nodes(node))
 
 
-@functools.lru_cache(maxsize=1)
-def import_graph() -> dict[str, set[str]]:
+@functools.lru_cache(maxsize=4)
+def import_graph(root: Path = SRC, type_checking: bool = False) -> dict[str, set[str]]:
     """Module -> the package modules it imports at run time, at the top or inside a function (importing a.b.c runs
-    a and a.b first; a module's own packages are already running, so they are not edges)."""
-    modules = _modules()
+    a and a.b first; a module's own packages are already running, so they are not edges); with type_checking, its
+    TYPE_CHECKING imports too."""
+    modules = _modules(root)
     graph = {}
     for name, (path, package) in modules.items():
         here = name if package else name.rsplit(".", 1)[0]
         running = _ancestors(name) | ({name} if package else set())
         edges = set()
-        for node in _run_time_nodes(ast.parse(path.read_text())):
+        for node in _nodes(ast.parse(path.read_text()), type_checking):
             if isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = here.split(".")[: len(here.split(".")) - node.level + 1]
@@ -66,6 +70,12 @@ def import_graph() -> dict[str, set[str]]:
                     edges |= {m for m in {target} | _ancestors(target) if m in modules and m not in running}
         graph[name] = edges - {name}
     return graph
+
+
+def long_files(root: Path, limit: int = MAX_LINES) -> dict[str, int]:
+    """Source files over `limit` lines: path under root -> lines."""
+    lengths = {str(p.relative_to(root)): len(p.read_text().splitlines()) for p in root.rglob("*.py")}
+    return {path: n for path, n in sorted(lengths.items()) if n > limit}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -105,8 +115,32 @@ def test_the_checker_finds_a_circle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+def test_the_graph_sees_a_circle_through_annotations(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .b import B\n")
+    (package / "b.py").write_text("from .a import TYPE_CHECKING\n\n\nclass B:\n    pass\n")
+    assert cycles(import_graph(package)) == []  # at run time a never imports b
+    assert cycles(import_graph(package, type_checking=True)) == [["pkg.a", "pkg.b"]]
+
+
 def test_no_import_circle():
     assert cycles(import_graph()) == []
+
+
+def test_no_import_circle_through_annotations():
+    assert cycles(import_graph(type_checking=True)) == []
+
+
+def test_the_length_check_finds_a_long_file(tmp_path):
+    (tmp_path / "short.py").write_text("x = 1\n" * MAX_LINES)
+    (tmp_path / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    assert long_files(tmp_path) == {"long.py": MAX_LINES + 1}
+
+
+def test_no_source_file_is_over_500_lines():
+    assert long_files(SRC) == {}
 
 
 def test_the_core_imports_neither_the_cli_nor_the_server():
@@ -130,6 +164,6 @@ def test_the_core_imports_neither_the_cli_nor_the_server():
 def test_no_import_runs_back_up(lower, upper):
     """Finding a model (models/) is below the backends, which are below the loader that picks one (loading.py) and
     below the loop; drafters below the loop; the sampler below the grammars."""
-    graph = import_graph()
+    graph = import_graph(type_checking=True)  # an annotation that names the layer above is an arrow up too
     wrong = {m: sorted(d for d in graph[m] if d.startswith(upper)) for m in graph if m.startswith(lower)}
     assert {m: d for m, d in wrong.items() if d} == {}

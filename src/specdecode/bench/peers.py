@@ -10,24 +10,12 @@ With --draft suffix+MODEL the peers that run a draft model run MODEL (they have 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from ..errors import OptionError
 from .methods import METHOD_CLASSES
-from .methods.base import LLAMACPP, TRANSFORMERS
+from .methods.base import LLAMACPP, TRANSFORMERS, LlamaPeerSetup
 
 PEER_MODELS = ("stock", "same")
-
-
-@dataclass
-class LlamaPeerSetup:
-    """What llama.cpp's methods run on: the GGUF files of our target and draft (None when a model is not a GGUF),
-    the threads, and the llama-speculative binary (None: that method is not run)."""
-
-    target_gguf: str | None
-    draft_gguf: str | None = None
-    threads: int | None = None
-    speculative_binary: str | None = None
 
 
 def _runs_on(methods, kind: str) -> bool:

@@ -41,8 +41,9 @@ from .costs import cost_ks, measure_costs
 from .interleave import interleave
 from .llamacpp_peers import LOOKUP_DEFAULT_TOKENS
 from .methods import METHOD_CLASSES, BenchContext, BenchMethod
+from .methods.base import LlamaPeerSetup
 from .methods.hf import transformers_model
-from .peers import LlamaPeerSetup, llama_context, model_part
+from .peers import llama_context, model_part
 from .report import bench_report
 from .sessions import TurnPlan
 from .settings import BenchSettings

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from ..units import Measurement, Unit
 
@@ -20,10 +20,16 @@ NO_DRAFT = "no draft (--draft none)"  # why a method that needs a draft is left 
 NOT_MULTI_TURN = ("makes exactly max_new_tokens tokens, past the end of generation: the multi-turn workload stops "
                   "each answer there")
 
-if TYPE_CHECKING:
-    from ..peers import LlamaPeerSetup
-    from ..sessions import TurnPlan
-    from ..settings import BenchSettings
+
+@dataclass
+class LlamaPeerSetup:
+    """What llama.cpp's methods run on: the GGUF files of our target and draft (None when a model is not a GGUF),
+    the threads, and the llama-speculative binary (None: that method is not run)."""
+
+    target_gguf: str | None
+    draft_gguf: str | None = None
+    threads: int | None = None
+    speculative_binary: str | None = None
 
 
 @dataclass
@@ -38,7 +44,7 @@ class BenchContext:
     (bench/sessions.py; None: every prompt stands alone).
     """
 
-    settings: BenchSettings
+    settings: object  # a bench.settings.BenchSettings (above the methods: its defaults name them)
     prompt_ids: list[list[int]]
     plain: object
     spec: dict
@@ -51,7 +57,7 @@ class BenchContext:
     llama_binary: object = None  # the llama-speculative binary, found by that method when it runs
     schemas: list[dict] | None = None  # each prompt's JSON schema (the json workload); None: free text
     target: object = None
-    turns: TurnPlan | None = None
+    turns: object = None  # a bench.sessions.TurnPlan (above the methods: built by ours plain); None: none
     _llama_peers: object = field(default=None, repr=False)
 
     @property
