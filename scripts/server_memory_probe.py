@@ -3,6 +3,10 @@ on 127.0.0.1, N requests of one kind from 6 client threads, then RSS, the live o
 (with --trace) tracemalloc's top allocation sites, between a warm-up and the measured requests.
 
     python scripts/server_memory_probe.py --kinds json_schema,too_long --requests 300 [--trace] [--referrers Job]
+
+--soak S instead sends `specdecode bench soak`'s mix (every class) for S seconds twice, and compares the second
+run's end with the first's: what a long soak's last half holds that its first did not. --load DIR loads the
+tiny models saved in DIR/target and DIR/draft as `specdecode serve` does (prepacked target, int8 draft).
 """
 
 from __future__ import annotations
@@ -91,6 +95,32 @@ def show_referrers(name: str, depth: int = 3) -> None:
             chain.append(ref)
 
 
+def soak_twice(url: str, seconds: float, trace: bool) -> None:
+    from specdecode.bench.soak import SoakSettings, run_soak
+    import asyncio
+
+    for run_index in range(2):
+        if run_index == 1:
+            before_types, before_rss = type_counts(), rss_kib()
+            if trace:
+                tracemalloc.start(12)
+                snap0 = tracemalloc.take_snapshot()
+        outcomes, *_ = asyncio.run(run_soak(SoakSettings(url=url, duration_s=seconds, concurrency=6, replays=0,
+                                                         seed=run_index)))
+        print(f"soak {run_index}: {len(outcomes)} requests, RSS {rss_kib()} KiB")
+    after_types, after_rss = type_counts(), rss_kib()
+    print(f"second soak: RSS {before_rss} -> {after_rss} KiB ({(after_rss - before_rss) / len(outcomes):+.1f} KiB a "
+          f"request)")
+    grown = sorted(((n, after_types[n] - before_types[n]) for n in after_types), key=lambda g: -g[1])[:20]
+    print("  live objects grown:", ", ".join(f"{n} +{d}" for n, d in grown if d > 0))
+    if trace:
+        snap1 = tracemalloc.take_snapshot()
+        for stat in snap1.compare_to(snap0, "traceback")[:10]:
+            print(f"  {stat.size_diff / 1024:+.0f} KiB in {stat.count_diff:+d} blocks")
+            for line in stat.traceback.format()[-6:]:
+                print("     ", line)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kinds", default="json_schema,too_long")
@@ -99,6 +129,8 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--referrers", default="")
     ap.add_argument("--release", action="store_true", help="drop the session's finished rows after each kind")
+    ap.add_argument("--soak", type=float, default=0.0)
+    ap.add_argument("--load", default="", help="DIR with target/ and draft/: load them as the CLI does")
     ap.add_argument("--context", type=int, default=0, help="the target's context (0: the fixture's 512)")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -108,15 +140,25 @@ def main() -> None:
     from specdecode import SpeculativeGenerator
     from specdecode.server import ServerSettings, create_app
 
-    tok = build_tokenizer()
-    target = tiny_qwen(len(tok), seed=0, eos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
-    draft = perturbed_copy(target, 0.3, seed=1)
-    if args.context:  # rotary positions are computed on the fly: only the limit the server checks changes
-        target.config.max_position_embeddings = draft.config.max_position_embeddings = args.context
-    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=4, tokenizer=tok)
-    app = create_app(generator, "tiny-target", tok, ServerSettings(max_batch_size=8, max_queue=32))
+    settings = ServerSettings(max_batch_size=8, max_queue=32)
+    if args.load:
+        from specdecode.pair import ModelOptions, load_pair, make_generator
+
+        opts = ModelOptions(target=f"{args.load}/target", draft=f"{args.load}/draft", threads=1)
+        target, draft = load_pair(opts, rows=settings.model_rows)
+        generator, tok = make_generator(target, draft, opts.num_speculative_tokens), target.tokenizer
+    else:
+        tok = build_tokenizer()
+        target = tiny_qwen(len(tok), seed=0, eos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
+        draft = perturbed_copy(target, 0.3, seed=1)
+        if args.context:  # rotary positions are computed on the fly: only the limit the server checks changes
+            target.config.max_position_embeddings = draft.config.max_position_embeddings = args.context
+        generator = SpeculativeGenerator(target, draft, num_speculative_tokens=4, tokenizer=tok)
+    app = create_app(generator, "tiny-target", tok, settings)
     context = generator.context_length
     with LiveServer(app).start() as server:
+        if args.soak:
+            return soak_twice(server.url, args.soak, args.trace)
         for kind in args.kinds.split(","):
             run(server.url, kind, args.warmup, context)
             before_types, before_rss = type_counts(), rss_kib()
