@@ -13,11 +13,13 @@ on its own path: what the row kept (this module's state), then the drafts betwee
 position (a chain's earlier drafts, a tree node's ancestors). A rejected draft never counts: the state only ever
 takes the tokens a row emitted.
 
-Cost: the state (which tokens the prompt + output hold, the output's counts) lives on the device as [B, V]
-tensors that each step's emitted tokens update sparsely. A step applies it to its logits [B, P, V] elementwise
-(like the warp), then rewrites the entries of the drafted tokens along each path (a gather and a scatter of
-[B, P, N] values, N the step's drafts): nothing per token in Python, nothing that grows with the history. A batch
-where no row sets an option holds nothing here and its steps never call it (`active`).
+Cost: the state lives on the device as [B, V] tables (the logit bias; each token's repetition factor, r where the
+prompt + output holds it and 1 elsewhere; the output's counts and the penalty they make), which each step's emitted
+tokens update sparsely. A step applies them to its logits [B, P, V] with a few branch-free elementwise passes (like
+the warp; torch.where and bool masks over a vocabulary cost ~25x more on the CPU), then rewrites the entries of the
+drafted tokens along each path (a gather and a scatter of [B, P, N] values, N the step's drafts): nothing per token
+in Python, nothing that grows with the history. A batch where no row sets an option holds nothing here and its steps
+never call it (`active`).
 """
 
 from __future__ import annotations
@@ -27,16 +29,17 @@ import torch
 from .token_tree import ancestors_mask
 
 _SCALARS = {"repetition": 1.0, "frequency": 0.0, "presence": 0.0}  # a neutral row's values (no change to a logit)
-_TABLES = {"bias": 0.0, "seen": False, "counts": 0.0}  # [B, V] state; None when no row of the batch needs it
+_TABLES = {"bias": 0.0, "factor": 1.0, "counts": 0.0, "penalty": 0.0}  # [B, V]; None when no row needs it
 
 
 class RowPenalties:
     """Each row's logit_bias and penalties, and the text each has so far, as device tensors over the vocabulary.
 
-    bias [B, V] float32: the logit_bias; seen [B, V] bool: the tokens of prompt + output (repetition); counts [B, V]
-    float32: each token's occurrences in the output (frequency, presence). A table exists only when some row needs
-    it; rows without an option hold neutral values, whose arithmetic leaves a logit bit for bit as it was. Mutable:
-    advance() records what the rows emitted; select and extend return a new object."""
+    bias [B, V]: the logit_bias; factor [B, V]: the repetition penalty r at the tokens of prompt + output, 1
+    elsewhere; counts [B, V]: each token's occurrences in the output; penalty [B, V]: frequency * count + presence
+    where the count is positive (what a logit loses). A table exists only when some row needs it; rows without an
+    option hold neutral values, whose arithmetic leaves a logit bit for bit as it was. Mutable: advance() records
+    what the rows emitted; select and extend return a new object."""
 
     def __init__(self, params: list, prompts: list[list[int]], vocab_size: int, device=None):
         self.vocab_size = vocab_size
@@ -44,7 +47,7 @@ class RowPenalties:
         self.rows = len(params)
         self.active = any(p.adjusts_logits for p in params)
         self.repetition = self.frequency = self.presence = None
-        self.bias = self.seen = self.counts = None
+        self.bias = self.factor = self.counts = self.penalty = None
         if not self.active:
             return
         self.repetition = self._column([p.repetition_penalty for p in params])
@@ -57,10 +60,11 @@ class RowPenalties:
                     self.bias[b, token] = value
             self.bias = self.bias.to(self.device)
         if any(p.repetition_penalty != 1 for p in params):
-            self.seen = torch.zeros(self.rows, vocab_size, dtype=torch.bool, device=self.device)
-            self._record(self.seen, [r if p.repetition_penalty != 1 else [] for r, p in zip(prompts, params)])
+            self.factor = torch.ones(self.rows, vocab_size, dtype=torch.float32, device=self.device)
+            self._record(prompts, output=False)
         if any(p.frequency_penalty or p.presence_penalty for p in params):
             self.counts = torch.zeros(self.rows, vocab_size, dtype=torch.float32, device=self.device)
+            self.penalty = torch.zeros(self.rows, vocab_size, dtype=torch.float32, device=self.device)
 
     def _column(self, values: list[float]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.float32, device=self.device).view(-1, 1, 1)  # [B, 1, 1]
@@ -92,36 +96,34 @@ class RowPenalties:
         out.rows, out.active = rows, active
         return out
 
-    def _filled(self, name: str, fill) -> torch.Tensor:
+    def _filled(self, name: str, fill: float) -> torch.Tensor:
         """This object's table or column `name`, or the neutral one of its rows where it has none."""
         value = getattr(self, name)
         if value is not None:
             return value
-        if name in _SCALARS:
-            return torch.full((self.rows, 1, 1), fill, dtype=torch.float32, device=self.device)
-        dtype = torch.bool if isinstance(fill, bool) else torch.float32
-        return torch.full((self.rows, self.vocab_size), fill, dtype=dtype, device=self.device)
+        shape = (self.rows, 1, 1) if name in _SCALARS else (self.rows, self.vocab_size)
+        return torch.full(shape, fill, dtype=torch.float32, device=self.device)
 
     # ------------------------------------------------------------------ the text so far
     def advance(self, emitted: list[list[int]]) -> None:
-        """Row b emitted the tokens emitted[b] (kept drafts and the token after them): one sparse update per table."""
-        if not self.active or (self.seen is None and self.counts is None):
+        """Row b emitted the tokens emitted[b] (kept drafts and the token after them): sparse updates at them."""
+        if not self.active or (self.factor is None and self.counts is None):
             return
-        if self.seen is not None:
-            self._record(self.seen, emitted)
-        if self.counts is not None:
-            rows = [b for b, tokens in enumerate(emitted) for _ in tokens]
-            if rows:
-                index = (torch.tensor(rows, device=self.device),
-                         torch.tensor([t for tokens in emitted for t in tokens], device=self.device))
-                self.counts.index_put_(index, torch.ones(len(rows), device=self.device), accumulate=True)
+        self._record(emitted)
 
-    def _record(self, table: torch.Tensor, tokens: list[list[int]]) -> None:
+    def _record(self, tokens: list[list[int]], output: bool = True) -> None:
+        """Row b's text holds tokens[b] (the prompt: output=False, the repetition factor only)."""
         rows = [b for b, row in enumerate(tokens) for _ in row]
-        if rows:
-            index = (torch.tensor(rows, device=self.device),
-                     torch.tensor([t for row in tokens for t in row], device=self.device))
-            table.index_put_(index, torch.tensor(True, device=self.device))
+        if not rows:
+            return
+        index = (torch.tensor(rows, device=self.device),
+                 torch.tensor([t for row in tokens for t in row], device=self.device))
+        if self.factor is not None:
+            self.factor.index_put_(index, self.repetition.view(-1)[index[0]])
+        if output and self.counts is not None:
+            self.counts.index_put_(index, torch.ones(len(rows), device=self.device), accumulate=True)
+            f, p = self.frequency.view(-1)[index[0]], self.presence.view(-1)[index[0]]
+            self.penalty.index_put_(index, penalty_of(self.counts[index], f, p))
 
     # ------------------------------------------------------------------ a step's paths
     def along_chain(self, tokens: torch.Tensor) -> "PathPenalties | None":
@@ -150,17 +152,18 @@ class RowPenalties:
         tokens = torch.stack(drafted, dim=1).to(self.device)
         return PathPenalties(self, tokens, torch.ones(1, 1, len(drafted), dtype=torch.bool, device=self.device))
 
-    # ------------------------------------------------------------------ the arithmetic
-    def penalize(self, x: torch.Tensor, seen: torch.Tensor | None, counts: torch.Tensor | None) -> torch.Tensor:
-        """The penalties of values x [B, P, *] given, elementwise, whether each token was seen and its output count
-        (broadcast against x). One function for the dense pass and the path's rewrites, so that a token without
-        drafts before it gets the same bits from both."""
-        if seen is not None:
-            r = self.repetition
-            x = torch.where(seen, torch.where(x < 0, x * r, x / r), x)
-        if counts is not None:
-            x = x - (self.frequency * counts + self.presence * (counts > 0))
-        return x
+
+
+def penalty_of(counts: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
+    """What a logit loses to its output count: frequency x count + presence where the count is positive. The one
+    formula for the table (advance) and the path's rewrites, so both give the same bits."""
+    return frequency * counts + presence * (counts > 0).float()
+
+
+def repeated(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """x / factor where x > 0, x * factor where x < 0 (transformers' RepetitionPenaltyLogitsProcessor, bit for bit:
+    the other term is an exact 0), with no branch: torch.where over a vocabulary costs ~25x these passes on the CPU."""
+    return x.clamp(min=0) / factor + x.clamp(max=0) * factor
 
 
 class PathPenalties:
@@ -173,33 +176,46 @@ class PathPenalties:
         self.state, self.tokens, self.before = state, tokens, before
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """Adjusted logits (float32, a new tensor) of logits [B, P, V] (or [B, V]: one position)."""
+        """Adjusted logits (float32, a new tensor) of logits [B, P, V] (or [B, V]: one position).
+
+        In place wherever the tensor is this call's own: on the CPU each fresh [B, P, V] buffer costs page faults
+        (glibc hands large freed blocks back to the system), several times the arithmetic itself."""
         flat = logits.dim() == 2
         x = logits.float().unsqueeze(1) if flat else logits.float()
         s = self.state
         if s.bias is not None:
             x = x + s.bias.unsqueeze(1)
-        if s.seen is None and s.counts is None:
+        if s.factor is None and s.counts is None:
             return x.squeeze(1) if flat else x
-        out = s.penalize(x, None if s.seen is None else s.seen.unsqueeze(1),
-                         None if s.counts is None else s.counts.unsqueeze(1))
-        if self.tokens is not None and self.tokens.shape[1]:
-            self._along_path(x, out)
-        return out.squeeze(1) if flat else out
+        path = self.tokens is not None and self.tokens.shape[1]
+        index = self.tokens.unsqueeze(1).expand(-1, x.shape[1], -1) if path else None
+        raw = x.gather(-1, index) if path else None  # before any change in place
+        own = s.bias is not None  # x is this call's tensor
+        if s.factor is not None:  # repeated(x, factor), with one buffer besides x
+            factor = s.factor.unsqueeze(1)
+            negative = x.clamp(max=0)
+            x = (x.clamp_(min=0) if own else x.clamp(min=0)).div_(factor).addcmul_(negative, factor)  # one is 0
+            own = True
+        if s.counts is not None:
+            x = x.sub_(s.penalty.unsqueeze(1)) if own else x - s.penalty.unsqueeze(1)
+        if path:
+            x.scatter_(-1, index, self._along_path(raw))
+        return x.squeeze(1) if flat else x
 
-    def _along_path(self, raw: torch.Tensor, out: torch.Tensor) -> None:
-        """Rewrite, in out, the entries of the drafted tokens at each position whose text holds some of them.
+    def _along_path(self, raw: torch.Tensor) -> torch.Tensor:
+        """The adjusted values [B, P, N] of the drafted tokens at each position, from their raw (biased) logits.
 
         extra[b, p, n]: how many of the drafts before position p equal draft n, so draft n's token at position p
-        has seen = seen[token] or extra > 0 and count = counts[token] + extra. Entries where extra is 0 get the
-        dense pass's value again (the same arithmetic on the same numbers); two drafts of one token write the same
-        value."""
+        has the factor r if extra > 0 (else the table's) and the count counts[token] + extra. Where extra is 0 this
+        is the dense pass's value again (the same arithmetic on the same numbers); two drafts of one token get the
+        same value."""
         s, tokens = self.state, self.tokens
-        positions, n = out.shape[1], tokens.shape[1]
-        before = self.before[:, :positions, :n].float()
+        before = self.before[:, :raw.shape[1], :tokens.shape[1]].float()
         same = (tokens.unsqueeze(2) == tokens.unsqueeze(1)).float()  # [B, N, N]
         extra = torch.matmul(before, same)  # [B, P, N]: exact small integers
-        index = tokens.unsqueeze(1).expand(-1, positions, -1)
-        seen = None if s.seen is None else s.seen.gather(1, tokens).unsqueeze(1) | (extra > 0)
-        counts = None if s.counts is None else s.counts.gather(1, tokens).unsqueeze(1) + extra
-        out.scatter_(-1, index, s.penalize(raw.gather(-1, index), seen, counts))
+        value = raw
+        if s.factor is not None:
+            value = repeated(value, torch.where(extra > 0, s.repetition, s.factor.gather(1, tokens).unsqueeze(1)))
+        if s.counts is not None:
+            value = value - penalty_of(s.counts.gather(1, tokens).unsqueeze(1) + extra, s.frequency, s.presence)
+        return value
