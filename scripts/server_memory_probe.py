@@ -6,7 +6,8 @@ on 127.0.0.1, N requests of one kind from 6 client threads, then RSS, the live o
 
 --soak S instead sends `specdecode bench soak`'s mix (every class) for S seconds twice, and compares the second
 run's end with the first's: what a long soak's last half holds that its first did not. --load DIR loads the
-tiny models saved in DIR/target and DIR/draft as `specdecode serve` does (prepacked target, int8 draft).
+tiny models saved in DIR/target and DIR/draft (--save-models DIR) as `specdecode serve` does (prepacked target,
+int8 draft).
 """
 
 from __future__ import annotations
@@ -95,10 +96,26 @@ def show_referrers(name: str, depth: int = 3) -> None:
             chain.append(ref)
 
 
+def record_kernel_shapes() -> set:
+    """The (rows, in, out) shapes prepacked linears ran at: oneDNN keeps a kernel for each."""
+    from specdecode.models import optimize
+
+    shapes, kernel = set(), optimize._pointwise
+
+    def recording(x, weight, bias):
+        y = kernel(x, weight, bias)
+        shapes.add((x.shape[0], x.shape[1], y.shape[1]))
+        return y
+
+    optimize._pointwise = recording
+    return shapes
+
+
 def soak_twice(url: str, seconds: float, trace: bool) -> None:
     from specdecode.bench.soak import SoakSettings, run_soak
     import asyncio
 
+    shapes = record_kernel_shapes()
     for run_index in range(2):
         if run_index == 1:
             before_types, before_rss = type_counts(), rss_kib()
@@ -107,7 +124,8 @@ def soak_twice(url: str, seconds: float, trace: bool) -> None:
                 snap0 = tracemalloc.take_snapshot()
         outcomes, *_ = asyncio.run(run_soak(SoakSettings(url=url, duration_s=seconds, concurrency=6, replays=0,
                                                          seed=run_index)))
-        print(f"soak {run_index}: {len(outcomes)} requests, RSS {rss_kib()} KiB")
+        print(f"soak {run_index}: {len(outcomes)} requests, RSS {rss_kib()} KiB, {len(shapes)} prepacked kernel "
+              f"shapes so far")
     after_types, after_rss = type_counts(), rss_kib()
     print(f"second soak: RSS {before_rss} -> {after_rss} KiB ({(after_rss - before_rss) / len(outcomes):+.1f} KiB a "
           f"request)")
@@ -131,6 +149,8 @@ def main() -> None:
     ap.add_argument("--release", action="store_true", help="drop the session's finished rows after each kind")
     ap.add_argument("--soak", type=float, default=0.0)
     ap.add_argument("--load", default="", help="DIR with target/ and draft/: load them as the CLI does")
+    ap.add_argument("--save-models", default="", help="save the tiny test models to DIR/target, DIR/draft and exit "
+                                                      "(what `specdecode serve --target DIR/target` then serves)")
     ap.add_argument("--context", type=int, default=0, help="the target's context (0: the fixture's 512)")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -140,6 +160,13 @@ def main() -> None:
     from specdecode import SpeculativeGenerator
     from specdecode.server import ServerSettings, create_app
 
+    if args.save_models:
+        tok = build_tokenizer()
+        target = tiny_qwen(len(tok), seed=0, eos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
+        for name, model in (("target", target), ("draft", perturbed_copy(target, 0.3, seed=1))):
+            model.save_pretrained(f"{args.save_models}/{name}")
+            tok.save_pretrained(f"{args.save_models}/{name}")
+        return
     settings = ServerSettings(max_batch_size=8, max_queue=32)
     if args.load:
         from specdecode.pair import ModelOptions, load_pair, make_generator
