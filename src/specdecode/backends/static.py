@@ -13,7 +13,10 @@ Every tensor has a fixed address and, for a given (rows, new tokens, attended sl
 slots are rounded up to a power of two, so a handful of shapes cover a whole generation. On CUDA the small
 steps (the target's K+1-token verification, the draft's 1- and 2-token steps) are captured once per shape as
 CUDA graphs and replayed with no Python and no host sync; prefill runs eagerly. On CPU the same step runs
-eagerly (optionally under torch.compile).
+eagerly. compile=True runs the small steps through torch.compile (Inductor fuses norms, rotary, SiLU-mul and
+residual adds; "reduce-overhead" on CUDA, whose CUDA graphs then replace ours; the C++ backend on a CPU). Where
+steps are captured or compiled, their widths are padded up to BUCKETS (padding tokens after the real ones, as
+below), so a generation needs at most len(BUCKETS) widths per batch size, and warm_up() can run them all at load.
 
 Supported: decoder-only models whose attention reads a 4D mask and the cache through `Cache.update` and whose
 logits are `lm_head(last hidden state)` (Llama, Mistral, Qwen2, Qwen3, Gemma), with sdpa or eager attention and
@@ -33,27 +36,33 @@ from .hf import _eos_ids, cache_keyword
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
 SUPPORTED_ATTENTION = ("sdpa", "eager")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 DEFAULT_MAX_LEN = 4096
 # A batch verifies max(K) drafts for every row, also for rows that need fewer tokens before they finish, so a
 # row can write up to K slots past prompt + max_new_tokens before the loop trims them.
 SPARE_SLOTS = 16
 MIN_SPAN = 64  # smallest number of attended slots: short contexts all share one shape
+BUCKETS = (1, 2, 4, 8, 16)  # step widths (K+1) a captured or compiled step is padded to
+# Each combination of batch size 1 or more, width 1 or more, last_only and output_hidden is a graph of its own
+# (torch specializes sizes 1); dynamo's default limit of 8 would send the rest back to eager Python silently.
+RECOMPILE_LIMIT = 64
 
 
 class StaticBackend:
     """A ModelBackend with a static KV cache for max_batch rows of max_len tokens (prompt + new tokens).
 
     vocab_size: width of the returned logits (the vocabulary shared with the other model), at most the output
-    layer's rows. compile: run the step under torch.compile. cuda_graphs: "auto" (on when the model is on
-    CUDA), True (an error when it is not) or False. Steps of at most graph_max_tokens new tokens are captured once per
-    (rows, tokens, attended slots, last_only, output_hidden), the second time that shape is seen (one-off shapes
-    stay eager).
+    layer's rows. compile: False, True (mode "reduce-overhead" on CUDA, "default" on a CPU) or a torch.compile
+    mode: the steps of at most graph_max_tokens new tokens run compiled. cuda_graphs: "auto" (on when the model is
+    on CUDA and compile's mode captures none itself), True (an error when it is not) or False. Steps of at most
+    graph_max_tokens new tokens are captured once per (rows, tokens, attended slots, last_only, output_hidden), the
+    second time that shape is seen (one-off shapes stay eager), or compiled on its first sight.
     """
 
     graph_max_tokens = 16
 
     def __init__(self, model, vocab_size: int | None = None, max_batch: int = 8, max_len: int | None = None,
-                 compile: bool = False, cuda_graphs: bool | str = "auto"):
+                 compile: bool | str = False, cuda_graphs: bool | str = "auto"):
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         _check_supported(model, config)
         self.model = model.eval()
@@ -78,18 +87,76 @@ class StaticBackend:
         self._dtype = model.dtype  # the activations' (and so K/V's) dtype, also for quantized weights
         self._additive_mask = config._attn_implementation == "eager"  # eager adds the mask to the scores
         self._capacity = max_len + SPARE_SLOTS
-        self._cache = _SlotCache(config, max_batch, self._capacity, self._dtype, self.device)
-        self._graphs_on = _graphs_wanted(cuda_graphs, self.device)
-        self._step_fn = torch.compile(self._step, dynamic=None) if compile else self._step
+        self.compile_mode = _compile_mode(compile, self.device)
+        self._cache = _SlotCache(config, max_batch, self._capacity, self._dtype, self.device,
+                                 static=self.compile_mode is not None)
+        self._graphs_on = _graphs_wanted(cuda_graphs, self.device, self.compile_mode)
+        self._step_fn = self._compiled_step() if self.compile_mode else self._step
+        self._buckets = BUCKETS if self._graphs_on or self.compile_mode else ()
+        # sights of a shape that run far slower than its steady cost: a first eager run and a capture (graphs),
+        # a compilation (compile), a compilation and a recording (compile's own CUDA graphs)
+        self._cold_sights = 2 if self._graphs_on or self._compile_graphs else 1 if self.compile_mode else 0
         self._graphs: dict[tuple, _CapturedStep] = {}
-        self._seen: set[tuple] = set()
+        self._sights: dict[tuple, int] = {}
         self._pool = None
-        self.cold_forwards = 0  # steps run eagerly on a shape's first sight, or captured on its second (base.py)
+        self.cold_forwards = 0  # forwards of a shape's cold sights (base.py): the policy does not learn their time
+        self.warmed: list[tuple] = []  # the step shapes warm_up() ran (warmup.py)
         self.reset(1)
 
     @property
     def lengths(self) -> list[int]:
         return list(self._lengths)
+
+    @property
+    def _compile_graphs(self) -> bool:
+        """Whether torch.compile captures CUDA graphs itself (then ours are off)."""
+        return self.device.type == "cuda" and self.compile_mode in ("reduce-overhead", "max-autotune")
+
+    def _compiled_step(self):
+        import torch._dynamo.config as dynamo_config
+
+        limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+        setattr(dynamo_config, limit, max(getattr(dynamo_config, limit), RECOMPILE_LIMIT))
+        return torch.compile(self._step, mode=self.compile_mode, dynamic=None)
+
+    def step_shape(self, batch: int, n: int, past: int, last_only: bool = False, output_hidden: bool = False):
+        """The shape a forward of n new tokens per row runs as, rows holding up to past tokens: (rows, width,
+        attended slots, last_only, output_hidden); width is n padded up to a bucket where steps are captured."""
+        width = n
+        if n <= self.graph_max_tokens:
+            width = next((b for b in self._buckets if b >= n and past + b <= self._capacity), n)
+        span = min(self._capacity, max(MIN_SPAN, 1 << (past + width - 1).bit_length()))
+        return batch, width, span, last_only, output_hidden
+
+    def is_warm(self, shape: tuple) -> bool:
+        return self._sights.get(shape, 0) >= self._cold_sights
+
+    def spans(self) -> list[int]:
+        """Every number of attended slots a step can have."""
+        spans, span = [], MIN_SPAN
+        while span < self._capacity:
+            spans.append(span)
+            span *= 2
+        return spans + [self._capacity]
+
+    @torch.inference_mode()
+    def warm_shape(self, shape: tuple) -> None:
+        """Runs one step of this shape (warmup.py) on scratch slots: only while no row holds tokens."""
+        batch, width, span, last_only, output_hidden = shape
+        if any(self._lengths) or batch > self.max_batch:
+            raise ValueError(f"warm_shape({shape}) needs an empty cache of at least {batch} rows (reset() first)")
+        rows, self._lengths = self._lengths, [max(0, span - width)] * batch  # rows this long attend `span` slots
+        try:
+            ids = torch.zeros(batch, width, dtype=torch.long, device=self.device)
+            self.forward(ids, last_only=last_only, output_hidden=output_hidden)
+        finally:
+            self._lengths = rows
+
+    def warm_up(self, batches=(1,), seconds: float = 60.0, log=print):
+        """Every small step shape at these batch sizes, run before the first request (warmup.py)."""
+        from .warmup import step_shapes, warm_up
+
+        return warm_up(self, step_shapes(self, [b for b in batches if b <= self.max_batch]), seconds, log)
 
     @property
     def captured_graphs(self) -> int:
@@ -114,12 +181,20 @@ class StaticBackend:
             raise ValueError(f"a row needs {need} cache slots but this StaticBackend holds max_len={self.max_len} "
                              f"(+{SPARE_SLOTS} spare for drafts): pass a larger max_len= to StaticBackend "
                              f"(at least prompt + max_new_tokens)")
-        span = min(self._capacity, max(MIN_SPAN, 1 << (need - 1).bit_length()))
+        key = self.step_shape(batch, n, max(self._lengths, default=0), last_only, output_hidden)
         # Each row's count of real tokens: a host read, but only for prefill and a draft's catch-up forward,
         # which come right after the loop's own sync (the GPU queue is empty then).
         counts = [n] * batch if valid is None else valid.sum(dim=1).tolist()
-        key = (batch, n, span, last_only, output_hidden)
-        logits, hidden = self._run(key, input_ids.to(self.device), valid)
+        input_ids = input_ids.to(self.device)
+        if key[1] > n:  # padded to the bucket: padding after each row's real tokens, outputs cut back to n
+            if valid is None:
+                valid = torch.ones(batch, n, dtype=torch.bool, device=self.device)
+            input_ids = torch.nn.functional.pad(input_ids, (0, key[1] - n))
+            valid = torch.nn.functional.pad(valid.to(self.device, torch.bool), (0, key[1] - n), value=False)
+        logits, hidden = self._run(key, input_ids, valid)
+        if key[1] > n:
+            logits = logits if last_only else logits[:, :n]
+            hidden = hidden[:, :n] if hidden is not None else None
         self._lengths = [length + c for length, c in zip(self._lengths, counts)]
         return (logits, hidden) if output_hidden else logits
 
@@ -139,7 +214,9 @@ class StaticBackend:
         other = copy.copy(self)
         other.max_batch = batch_size
         other._cache = _SlotCache(self.config, batch_size, self._capacity, self._dtype, self.device)
-        other._graphs_on, other._graphs, other._seen, other._pool = False, {}, set(), None
+        other._graphs_on, other._graphs, other._sights, other._pool = False, {}, {}, None
+        # eager too: compiled steps are guarded on (and compile's graphs hold) this one's cache tensors
+        other._step_fn, other._buckets, other._cold_sights, other.compile_mode = other._step, (), 0, None
         other.reset(batch_size)
         return other
 
@@ -176,23 +253,31 @@ class StaticBackend:
         past = torch.tensor(self._lengths, dtype=torch.long)
         if self.device.type == "cuda":  # from pinned memory, asynchronously: a pageable copy would wait for the GPU
             past = past.pin_memory().to(self.device, non_blocking=True)
-        if self._graphs_on and key[1] <= self.graph_max_tokens:
+        small = key[1] <= self.graph_max_tokens
+        if small and key not in self._graphs:
+            self._sights[key] = sights = self._sights.get(key, 0) + 1
+            self.cold_forwards += int(sights <= self._cold_sights)
+        if self._graphs_on and small:
             captured = self._captured(key, input_ids, valid, past)
             if captured is not None:
                 return captured.run(input_ids, valid, past)
         batch, n, span, last_only, output_hidden = key
         if valid is None:
             valid = torch.ones(batch, n, dtype=torch.bool, device=self.device)
-        return self._step_fn(self._cache, input_ids, valid.to(self.device, torch.bool), past, span, last_only,
-                             output_hidden)
+        step = self._step_fn if small else self._step  # prefill: eager, one-off widths would each compile
+        if small and self._compile_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        logits, hidden = step(self._cache, input_ids, valid.to(self.device, torch.bool), past, span, last_only,
+                              output_hidden)
+        if small and self._compile_graphs:  # compile's graph outputs are overwritten by its next replay
+            return logits.clone(), (hidden.clone() if hidden is not None else None)
+        return logits, hidden
 
     def _captured(self, key: tuple, input_ids, valid, past) -> _CapturedStep | None:
         """The graph of this step shape, captured the second time the shape is seen (one-offs stay eager)."""
         if key in self._graphs:
             return self._graphs[key]
-        self.cold_forwards += 1  # eager now (a first sight) or a capture: 10x a replay, not the shape's cost
-        if key not in self._seen:
-            self._seen.add(key)
+        if self._sights[key] < 2:
             return None
         if self._pool is None:  # one memory pool for all graphs: they never run at the same time
             self._pool = torch.cuda.graph_pool_handle()
@@ -302,7 +387,8 @@ class _SlotLayer(CacheLayerMixin):
 class _SlotCache(Cache):
     """The model-facing cache: per-layer static K/V, and where this forward's tokens go (set by the step)."""
 
-    def __init__(self, config, max_batch: int, capacity: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, config, max_batch: int, capacity: int, dtype: torch.dtype, device: torch.device,
+                 static: bool = False):
         heads = config.num_key_value_heads or config.num_attention_heads
         dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         shape = (max_batch, heads, capacity, dim)
@@ -310,6 +396,10 @@ class _SlotCache(Cache):
         super().__init__(layers=[_SlotLayer(self, torch.zeros(shape, dtype=dtype, device=device),
                                             torch.zeros(shape, dtype=dtype, device=device))
                                  for _ in range(config.num_hidden_layers)])
+        if static:  # fixed addresses for torch.compile: no guard on them, and its CUDA graphs read them in place
+            for layer in self.layers:
+                torch._dynamo.mark_static_address(layer.keys)
+                torch._dynamo.mark_static_address(layer.values)
         self.slots: torch.Tensor | None = None
         self.span = 0
 
@@ -340,9 +430,24 @@ def _check_supported(model, config) -> None:
                          f"attn_implementation='sdpa'")
 
 
-def _graphs_wanted(cuda_graphs, device: torch.device) -> bool:
+def _compile_mode(compile, device: torch.device) -> str | None:
+    if compile is True:
+        return "reduce-overhead" if device.type == "cuda" else "default"
+    if compile is False or compile is None:
+        return None
+    if compile not in COMPILE_MODES:
+        raise ValueError(f"compile must be True, False or a torch.compile mode ({', '.join(COMPILE_MODES)}), "
+                         f"got {compile!r}")
+    return compile
+
+
+def _graphs_wanted(cuda_graphs, device: torch.device, compile_mode: str | None = None) -> bool:
+    own_graphs = compile_mode in ("reduce-overhead", "max-autotune") and device.type == "cuda"
     if cuda_graphs == "auto":
-        return device.type == "cuda"
+        return device.type == "cuda" and not own_graphs
+    if cuda_graphs is True and own_graphs:
+        raise ValueError(f"compile mode {compile_mode!r} captures CUDA graphs itself: pass cuda_graphs='auto' or "
+                         f"False with it, or compile='max-autotune-no-cudagraphs' to keep this backend's graphs")
     if cuda_graphs is True and device.type != "cuda":
         raise ValueError(f"cuda_graphs=True needs the model on a CUDA device, not {device.type}: "
                          f"pass cuda_graphs='auto' or False")
@@ -353,14 +458,19 @@ def _graphs_wanted(cuda_graphs, device: torch.device) -> bool:
 
 def load(source, options):
     """The static backend's loader: the transformers model on a StaticBackend built with options.backend_options,
-    its logits cut to the tokenizer's vocabulary."""
+    its logits cut to the tokenizer's vocabulary; backend_options["warm_up"] (True or warm_up()'s arguments) runs
+    every small step shape before the first request."""
     from dataclasses import replace
 
     from ..models.sources import LoadedModel, load_transformers
 
     loaded = load_transformers(source, replace(options, backend_options=None))
     vocab = len(loaded.tokenizer) if loaded.tokenizer is not None else None
-    backend = StaticBackend(loaded.model, vocab_size=vocab, **(options.backend_options or {}))
+    kwargs = dict(options.backend_options or {})
+    warm = kwargs.pop("warm_up", None)  # True, or {"batches": [1, 4], "seconds": 60}
+    backend = StaticBackend(loaded.model, vocab_size=vocab, **kwargs)
+    if warm:
+        backend.warm_up(**(warm if isinstance(warm, dict) else {}))
     return LoadedModel(backend, loaded.tokenizer, loaded.name, loaded.path, backend="static")
 
 
