@@ -330,7 +330,7 @@ def test_the_workload_against_llama_server(tool_server, smol_path, tmp_path):
         pytest.skip(f"llama-server is not built at {default_binary()}: bash scripts/build_llama_server.sh")
     output, report = _run_cli(["--server", f"ours={tool_server.url}", "--peer-gguf", str(smol_path),
                                "--llama-server", str(default_binary()), "--no-function-calling", "--threads", "1",
-                               "--peer-context", "4096", "--turns", "2", "--max-tokens", "40"], tmp_path)
+                               "--peer-context", "2048", "--turns", "1", "--max-tokens", "8"], tmp_path)
     assert report["config"]["methods"] == ["ours", LLAMA_SERVER] and not report["errors"], report["errors"]
     assert "--jinja" in report["config"]["commands"][LLAMA_SERVER]
     server = [r for r in report["records"] if r["method"] == LLAMA_SERVER]
