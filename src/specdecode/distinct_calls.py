@@ -2,8 +2,9 @@
 which every way to finish the current call repeats an earlier one.
 
 A tool grammar that allows several calls starts with the line DISTINCT_CALLS; its matchers are DistinctCallsMatchers.
-A call's text is read from its name to the end of its arguments (what `"name": "` opens, in every dialect); two
-calls are identical when these texts are. The refusal is part of the mask (a function of the answer so far, the same
+A call's text is read from its name to the end of its arguments (what `"name": "` opens, in every dialect), less
+the whitespace outside strings (a start form's layout is free) and with "parameters" read as "arguments"; two calls
+are identical when these texts are. The refusal is part of the mask (a function of the answer so far, the same
 on p and q), so speculative decoding stays exact under it, and it never leaves a dead end: a token is refused only
 when no completion of its call differs from every earlier call, which a walk through the grammar decides along the
 earlier calls' texts (where the grammar allows any token that leaves them, the call can differ, and the walk
@@ -24,6 +25,11 @@ _HEAD = re.compile(rb'"name"\s*:\s*"')
 # a string (closed: its closing quote came) or a bracket
 _JSON_PIECE = re.compile(rb'"(?:[^"\\]|\\.)*(?P<closed>")?|[{}\[\]]', re.S)
 WALK_BUDGET = 2000  # grammar states one refusal may look at; past it a call is taken to be able to differ
+# Past this many allowed tokens a state is not enumerated: so wide a choice (inside a free string) always holds a
+# token that leaves the earlier calls, beside the few that follow them and the whitespace tokens.
+WIDE = 8192
+_SPACE = frozenset(b" \t\n\r")
+_ARGUMENTS, _PARAMETERS = b'","arguments":', b'","parameters":'  # the same call under either key
 
 
 class TokenTable:
@@ -61,15 +67,31 @@ class TokenTable:
         return ids
 
 
+def compact(piece: bytes, state: tuple = (True, False)) -> tuple[bytes, tuple]:
+    """`piece` less its whitespace outside strings, read from `state` (in a string, after a backslash; a call's
+    text starts inside its name's string); and the state after it."""
+    in_string, escaped = state
+    out = bytearray()
+    for byte in piece:
+        if in_string:
+            in_string, escaped = (True, False) if escaped else (byte != 0x22, byte == 0x5C)
+        elif byte in _SPACE:
+            continue
+        elif byte == 0x22:
+            in_string = True
+        out.append(byte)
+    return bytes(out), (in_string, escaped)
+
+
 def calls_in(data: bytes, start: int = 0) -> tuple[list[bytes], int | None, int]:
-    """The complete calls' texts from `start` on (each from its name to the end of its arguments), where the
-    unfinished one starts (None: none is), and where the last complete one ends."""
+    """The complete calls' texts from `start` on (each from its name to the end of its arguments, compacted),
+    where the unfinished one starts (None: none is), and where the last complete one ends."""
     done, end = [], start
     while (head := _HEAD.search(data, end)) is not None:
         close = _arguments_end(data, head.end())
         if close is None:
             return done, head.end(), end
-        done.append(data[head.end():close])
+        done.append(compact(data[head.end():close])[0].replace(_PARAMETERS, _ARGUMENTS, 1))
         end = close
     return done, None, end
 
@@ -166,13 +188,12 @@ class DistinctCallsMatcher:
             return set()
         mask = self._inner.allowed()
         if open_at is not None:  # in a call: the tokens that run along an earlier call
-            rests = _rests(done, self._data[open_at:])
-            candidates = [t for t in self._table.along(rests) if mask.allows(t)] if rests else []
+            current, state = compact(self._data[open_at:])
+            rests = _rests(done, current)
+            candidates = [t for t, _, _ in self._along(mask, rests, state, every=True)] if rests else []
         else:  # between calls: the tokens that may open one (the quote before a name)
             n = min(mask.known, len(self._table.quote))
-            allowed = np.unpackbits(mask.bits, count=n, bitorder="little").view(bool) if mask.bits is not None \
-                else np.ones(n, bool)
-            candidates = np.flatnonzero(allowed & self._table.quote[:n]).tolist()
+            candidates = np.flatnonzero(_allowed(mask, n) & self._table.quote[:n]).tolist()
         self._budget = WALK_BUDGET
         refused = {t for t in candidates if self._repeats(t, done, last_end)}
         return refused if len(refused) < mask.count() else set()
@@ -183,36 +204,69 @@ class DistinctCallsMatcher:
         finished, open_at, _ = calls_in(data, last_end)
         if any(call in done for call in finished):
             return True
-        rests = _rests(done, data[open_at:]) if open_at is not None else []
+        if open_at is None:
+            return False
+        current, state = compact(data[open_at:])
+        rests = _rests(done, current)
         if not rests:
             return False
         self._inner.advance([token])
         try:
-            return not self._can_differ(rests)
+            return not self._can_differ(rests, state)
         finally:
             self._inner.rollback(1)
 
-    def _can_differ(self, rests: list[bytes]) -> bool:
+    def _can_differ(self, rests: list[bytes], state: tuple) -> bool:
         """From the inner matcher's state, whether some completion of the call leaves every one of `rests` (the
-        rest of an earlier call's text)."""
+        rest of an earlier call's text, compacted)."""
         self._budget -= 1
         mask = self._inner.allowed()
-        along = [t for t in self._table.along(rests) if mask.allows(t)]
-        if mask.count() > len(along) or self._budget <= 0:
+        along = self._along(mask, rests, state)
+        if along is None or self._budget <= 0:
             return True  # a token that leaves them all (or a walk too long to finish: taken to differ)
-        for token in along:
-            piece = self._table.bytes[token]
+        for token, piece, after in along:
             if any(piece.startswith(rest) for rest in rests):
                 continue  # it finishes a repeat
             self._inner.advance([token])
             try:
-                if self._can_differ([r[len(piece):] for r in rests if r.startswith(piece)]):
+                if self._can_differ([r[len(piece):] for r in rests if r.startswith(piece)], after):
                     return True
             finally:
                 self._inner.rollback(1)
         return False
 
+    def _along(self, mask, rests: list[bytes], state: tuple, every: bool = False):
+        """The allowed tokens that run along the rests, each with its compacted text and the state after it
+        (whitespace, which changes nothing, left out unless it is all there is); None when some allowed token
+        leaves them all (unless `every`: then all that run along)."""
+        count = mask.count()
+        if count > WIDE:  # inside a free string: only the tokens that spell a rest can follow one
+            ids = [t for t in self._table.along(rests) if mask.allows(t)]
+            if count > len(ids) and not every:
+                return None
+            return [(t, *compact(self._table.bytes[t], state)) for t in ids]
+        along, spaces = [], []
+        for token in np.flatnonzero(_allowed(mask, min(mask.known, len(self._table.bytes)))).tolist():
+            piece, after = compact(self._table.bytes[token], state)
+            if not piece:
+                spaces.append((token, piece, after))
+            elif any(rest.startswith(piece) or piece.startswith(rest) for rest in rests):
+                along.append((token, piece, after))
+            elif not every:
+                return None
+        # Whitespace changes no call, and where other tokens may come, JSON lets them come without it; where it is
+        # all the layout allows (a fixed layout's space), one of it is walked through.
+        return along or ([] if every else spaces[:1])
+
+
+def _allowed(mask, n: int) -> np.ndarray:
+    """The mask's first n ids as a bool array."""
+    if mask.bits is None:
+        return np.ones(n, bool)
+    return np.unpackbits(mask.bits, count=n, bitorder="little").view(bool)
+
 
 def _rests(done: list[bytes], current: bytes) -> list[bytes]:
-    """What is left of each earlier call that the current call's text so far begins."""
-    return [call[len(current):] for call in done if call.startswith(current) and len(call) > len(current)]
+    """What is left of each earlier call (under either key) that the current call's text so far begins."""
+    spelled = done + [call.replace(_ARGUMENTS, _PARAMETERS, 1) for call in done]
+    return [call[len(current):] for call in spelled if call.startswith(current) and len(call) > len(current)]

@@ -72,6 +72,7 @@ class Dialect:
     think: bool = False
     strict_shapes: tuple = ()  # the start forms that are the dialect's own (kept when strict)
     strict_keys: tuple = ("arguments",)
+    hidden_shape: tuple | None = None  # the start form its calls read as where the marker is a special token
 
     def detect(self, tokenizer, written: str) -> "Dialect | None":
         """This dialect (fitted to the template) when `written`, the template's rendering of a probe call of
@@ -102,6 +103,7 @@ class Hermes(Dialect):
     name: str = "hermes"
     marker: str = "<tool_call>"
     close: str = "</tool_call>"
+    hidden_shape: tuple = (False, "object")
 
     def detect(self, tokenizer, written):
         return self if f'<tool_call>\n{{"name": "{PROBE}", "arguments": {{"x": 1}}}}\n</tool_call>' in written else None
@@ -139,6 +141,7 @@ class Mistral(Dialect):
     name: str = "mistral"
     marker: str = "[TOOL_CALLS]"
     gap: str = " "  # between the marker and the list, as the template writes it
+    hidden_shape: tuple = (False, "list")
 
     def detect(self, tokenizer, written):
         call = f'{{"name": "{PROBE}", "arguments": {{"x": 1}}'
@@ -207,6 +210,12 @@ def _added(tokenizer) -> dict:
     return tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
 
 
+def _hidden(tokenizer, marker: str) -> bool:
+    """Whether the answer's text, decoded without special tokens as the server decodes it, loses the marker."""
+    added = _added(tokenizer).get(marker)
+    return added is not None and not tokenizer.decode([added], skip_special_tokens=True)
+
+
 def marker_term(tokenizer, text: str) -> str:
     """A marker as a Lark term: the token of its own where the vocabulary has one (an added token, which the
     grammar engine reads as special: `<[151657]>`), its text otherwise."""
@@ -217,7 +226,9 @@ def marker_term(tokenizer, text: str) -> str:
 @dataclass(frozen=True)
 class ToolFormat:
     """A request's tools as one dialect writes them: the answer's grammar, and the parser that reads it back.
-    choice: "auto", "required" or a tool's name; max_calls: the cap on calls in one answer."""
+    choice: "auto", "required" or a tool's name; max_calls: the cap on calls in one answer; hidden: the marker
+    is a special token, which the answer's text (decoded without special tokens) does not show (Mistral's
+    [TOOL_CALLS]): its calls are read as the start form they look like, and no text may come before them."""
 
     dialect: Dialect
     tools: tuple
@@ -225,6 +236,7 @@ class ToolFormat:
     max_calls: int
     strict: bool
     terms: tuple  # (marker text, its Lark term) for this tokenizer
+    hidden: bool = False
 
     @classmethod
     def of(cls, tokenizer, dialect: Dialect, tools, choice: str, parallel: bool = True,
@@ -234,7 +246,8 @@ class ToolFormat:
         cap = 1 if named or not parallel else (max_calls or len(tools))
         cap = min(cap, dialect.max_calls or cap)
         terms = tuple((m, marker_term(tokenizer, m)) for m in dialect.markers())
-        return cls(dialect, allowed, choice, cap, strict, terms)
+        hidden = dialect.marker is not None and _hidden(tokenizer, dialect.marker)
+        return cls(dialect, allowed, choice, cap, strict, terms, hidden)
 
     @property
     def marker_is_token(self) -> bool:
@@ -249,18 +262,25 @@ class ToolFormat:
         forms = self._forms(shapes) if shapes else []
         body = ["TEXT"] if self.choice == "auto" else []
         if native:
-            body.append("TEXT? native" if body and self.marker_is_token else "native")
+            text_first = body and self.marker_is_token and not self.hidden
+            body.append("TEXT? native" if text_first else "native")
         if forms:
             body.append("forms")
         head = [DISTINCT_CALLS] if self.max_calls > 1 else []
         start = "start: think? body" if self.dialect.think else "start: body"
         return "\n".join(head + [start, "body: " + " | ".join(body), *native, *forms, *self._think(terms),
-                                 *(self._text(shapes) if self.choice == "auto" else [])])
+                                 *(self._text() if self.choice == "auto" else [])])
 
     def parser(self) -> ToolCallParser:
-        shapes = self.dialect.shapes(self.strict)
+        shapes = self._read_shapes()
         opening_ = opening(shapes, [t.name for t in self.tools]) if shapes else None
         return ToolCallParser(self.dialect.marker, opening_, self.dialect.think, self.dialect.new_id)
+
+    def _read_shapes(self) -> tuple:
+        """The start forms the parser reads as calls (and free text may not start with)."""
+        shapes = self.dialect.shapes(self.strict)
+        hidden = self.dialect.hidden_shape if self.hidden else None
+        return shapes + ((hidden,) if hidden and hidden not in shapes else ())
 
     def _forms(self, shapes) -> list[str]:
         """The start forms: an opening (one terminal, up to the tool's quoted name, so that free text dies exactly
@@ -290,11 +310,12 @@ class ToolFormat:
         return [f"think: {terms[THINK_OPEN]} THINK_TEXT? {terms[THINK_CLOSE]} THINK_GAP?",
                 "THINK_TEXT: /(?s:.*)/", "THINK_GAP: /\\n{1,2}/"]
 
-    def _text(self, shapes) -> list[str]:
+    def _text(self) -> list[str]:
         """Free text: anything without the marker, and (with start forms) not starting with their opening."""
         parts = ["/(?s:.*)/"]
         if self.dialect.marker:
             parts.append(f"~/(?s:.*){lit(self.dialect.marker).full}(?s:.*)/")
+        shapes = self._read_shapes()
         if shapes:
             parts.append(f"~/{opening(shapes, [t.name for t in self.tools]).full}(?s:.*)/")
         return ["TEXT: " + " & ".join(parts)]
