@@ -47,7 +47,7 @@ def test_the_dry_run_writes_every_section(dry_run):
     for name, entry in report["sections"].items():
         assert entry["ok"], f"{name}: {entry.get('error')}\n{entry.get('traceback', '')}"
     for title in ("## Environment", "## Carried wheels", "## GPU tests", "## v(n)", "## Engine overhead",
-                  "## llama.cpp"):
+                  "## llama.cpp", "## Compiled step"):
         assert title in markdown
     assert "failed**" not in markdown
 
@@ -79,6 +79,34 @@ def test_the_dry_run_measured_the_engine_against_the_prediction(dry_run):
             assert _finite(row[key]), (key, row)
     assert {a["method"] for a in over["assisted"]} == {"transformers", "ours (transformers backend)"}
     assert all(_finite(a["ratio"]) and a["same_as_plain"] for a in over["assisted"])
+
+
+def test_the_dry_run_measured_the_step_against_its_floor_after_a_warm_up(dry_run):
+    plan, result = sections.Plan.dry(), dry_run[0]["sections"]["compiled"]["result"]
+    assert result["complete"] and _finite(result["bandwidth"]["measured_copy"])
+    assert [(r["size"], r["variant"]) for r in result["rows"]] == [(s, v) for s in plan.sizes
+                                                                   for v in plan.step_variants]
+    for row in result["rows"]:
+        for key in ("warm_up_s", "step_ms", "verify_ms", "floor_ms_measured_copy", "x_floor", "bandwidth_share"):
+            assert _finite(row[key]), (key, row)
+        assert row["warmed_shapes"] > 0 and row["cold_after_warm_up"] == 0
+        assert row["bytes_per_step"]["total"] > row["bytes_per_step"]["weights"] > 0
+    assert [(x["draft"], x["target"]) for x in result["c"]] == [(plan.sizes[0], s) for s in plan.sizes[1:]
+                                                                for _ in plan.step_variants]
+    assert all(_finite(x["c"]) for x in result["c"])
+
+
+def test_bytes_per_step_count_each_weight_once_and_the_attended_cache():
+    from specdecode.bench.device_compiled import bytes_per_step, nominal_bandwidth
+
+    model = tiny_qwen(64, seed=0)  # untied: the input embedding reads one row a token, the output layer all of it
+    params = sum(p.numel() for p in model.parameters())
+    config = model.config
+    kv = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // 4) * 128 * 4
+    assert bytes_per_step(model, 128) == {"weights": 4 * (params - 64 * config.hidden_size), "kv": kv,
+                                          "total": 4 * (params - 64 * config.hidden_size) + kv}
+    assert nominal_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12 and nominal_bandwidth("NVIDIA H100 PCIe") == 2e12
+    assert nominal_bandwidth("NVIDIA H200") == 4.8e12 and nominal_bandwidth(None) is None
 
 
 def test_the_dry_run_measured_llamacpp_or_says_why_not(dry_run):

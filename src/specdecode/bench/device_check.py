@@ -19,7 +19,10 @@ Sections, each a subprocess of its own with a time budget, so that a crash or a 
                transformers' assisted generation beside ours at acceptance 1;
   llamacpp     llama.cpp v(n) with 16 threads on a random-weight GGUF of the 1.5B shape quantized to Q4_K_M by
                llama.cpp's own quantize, c of the 0.5B shape, and the speedup predicted there at the default pair's
-               acceptance (read from docs/results/llamacpp-code.json).
+               acceptance (read from docs/results/llamacpp-code.json);
+  compiled     the static backend's step, plain and compiled (torch.compile), each warmed up at load, against the
+               bandwidth floor of the 0.5B, 1.5B and 7B shapes, c of the 0.5B shape against the others, and the
+               warm-up's time (device_compiled.py).
 
     python -m specdecode.bench.device_check --out DIR [--dry-run] [--budget SECONDS]
     python -m specdecode.bench.device_check --prepare [--wheels .device_wheels]
@@ -36,11 +39,13 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
+from . import device_compiled
 from .device_sections import SECTION_FUNCTIONS, Deadline, Plan
 from .device_wheels import REPO, WHEELS, prepare
 
 SCHEMA = "specdecode.device_check/1"
-SECTIONS = ("environment", "wheels", "gpu_tests", "costs", "overhead", "llamacpp")
+SECTIONS = ("environment", "wheels", "gpu_tests", "costs", "overhead", "llamacpp", "compiled")
+SECTION_FUNCTIONS = {**SECTION_FUNCTIONS, "compiled": device_compiled.section_compiled}
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -182,6 +187,10 @@ def render_markdown(report: dict) -> str:
         else:
             lines += [f"Predicted speedup at alpha = {pred['alpha']:.3f} ({pred['source']}): "
                       f"{pred['predicted_speedup']:.2f}× at K = {pred['best_k']}.", ""]
+    lines.append("## Compiled step against the bandwidth floor")
+    compiled = body("compiled")
+    if compiled:
+        lines += device_compiled.render(compiled, _table)
     return "\n".join(lines)
 
 

@@ -44,6 +44,10 @@ class Plan:
     llama_context: int
     budgets: dict  # seconds per section (it stops measuring new rows at 85 % of it; killed 10 s after it)
     torch_threads: int | None = None  # None: torch's default
+    step_variants: tuple = ("static", "compiled")  # the compiled section's backends (device_compiled.py)
+    warmup_max_len: int | None = None  # its backends' max_len (None: the default, 4096 tokens)
+    warmup_seconds: float = 60.0
+    copy_bytes: int = 2**30  # the measured copy's size
 
     @classmethod
     def full(cls) -> "Plan":
@@ -51,8 +55,8 @@ class Plan:
                    context=128, repeats=7, target="1.5B", draft="0.5B", alphas=(0.6, 0.8, 0.9), fixed_k=4,
                    new_tokens=128, overhead_batches=(1, 4), llama_target="1.5B", llama_draft="0.5B",
                    llama_threads=min(16, os.cpu_count() or 1), llama_context=512,
-                   budgets={"environment": 20, "wheels": 20, "gpu_tests": 70, "costs": 110, "overhead": 150,
-                            "llamacpp": 100})
+                   budgets={"environment": 20, "wheels": 20, "gpu_tests": 150, "costs": 110, "overhead": 150,
+                            "llamacpp": 100, "compiled": 240})
 
     @classmethod
     def dry(cls) -> "Plan":
@@ -61,7 +65,9 @@ class Plan:
                    new_tokens=12, overhead_batches=(1,), llama_target="tiny", llama_draft="tiny-draft",
                    llama_threads=min(2, os.cpu_count() or 1), llama_context=64,
                    budgets={"environment": 30, "wheels": 30, "gpu_tests": 90, "costs": 60, "overhead": 60,
-                            "llamacpp": 60}, torch_threads=1)
+                            "llamacpp": 60, "compiled": 60}, torch_threads=1,
+                   # compiling on two CPU cores takes ~40 s a graph: tests/test_compiled_step.py covers it
+                   step_variants=("static",), warmup_max_len=64, warmup_seconds=10.0, copy_bytes=2**24)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -162,6 +168,8 @@ def section_gpu_tests(plan: Plan, deadline: Deadline) -> dict:
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
                    "-o", "addopts=", f"--junitxml={xml}", "tests/test_device_paths.py",
                    "tests/test_static_backend.py", "-k", "device or cuda or gpu"]
+        if plan.device == "cuda":  # the compiled step's tests: on a CPU they compile for minutes (CI runs them)
+            command[-3:-3] = ["tests/test_compiled_step.py"]
         done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=max(10, deadline.end - time.monotonic()))
         tests = _junit(xml) if xml.exists() else []
