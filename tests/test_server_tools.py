@@ -383,7 +383,7 @@ def test_a_template_without_a_tool_format_is_a_400(tiny_pair, tokenizer):
 def test_the_default_pair_calls_a_tool_with_valid_arguments():
     """One short request on the real default pair (Qwen2.5-Coder 0.5B -> 1.5B, llama.cpp): its own template shows
     the tools, <tool_call> is one token of its vocabulary (an added token the grammar engine reads as special), and
-    the call validates. ("required": under "auto" the 1.5B coder tends to answer with a ```json block instead.)"""
+    the call validates (the 1.5B writes it as a fenced ```json block: tests/test_real_tool_calls.py)."""
     from specdecode import SpeculativeGenerator, load_model
     from specdecode.cli.common import DEFAULT_DRAFT, DEFAULT_TARGET
     from specdecode.models import catalog

@@ -177,7 +177,7 @@ class Llama3(Dialect):
 
 
 DIALECTS: list[Dialect] = [Qwen3(), Hermes(), Mistral(), Llama3()]  # the first whose probe matches wins
-_FOUND: dict[str, Dialect | None] = {}
+_FOUND: dict[tuple, Dialect | None] = {}  # by template and whether the vocabulary has the think tokens
 
 
 def dialect_of(tokenizer) -> Dialect | None:
@@ -186,11 +186,12 @@ def dialect_of(tokenizer) -> Dialect | None:
     template = getattr(tokenizer, "chat_template", None)
     if not isinstance(template, str):
         return None
-    if template not in _FOUND:
+    key = (template, THINK_OPEN in _added(tokenizer) and THINK_CLOSE in _added(tokenizer))
+    if key not in _FOUND:
         written = _written(tokenizer)
-        _FOUND[template] = next((d for d in (x.detect(tokenizer, written) for x in DIALECTS) if d), None) \
+        _FOUND[key] = next((d for d in (x.detect(tokenizer, written) for x in DIALECTS) if d), None) \
             if written else None
-    return _FOUND[template]
+    return _FOUND[key]
 
 
 def _written(tokenizer) -> str | None:
