@@ -104,6 +104,21 @@ def test_llamacpp_prefills_a_parked_answer_in_its_own_sequence(smol_path):
     assert _idle(gen) == [135] and gen.prefix_cache.entries[0].handle.length == 199
 
 
+def test_llamacpp_an_answer_that_comes_back_otherwise_is_prefilled_as_it_comes_back(smol_path):
+    """A chat's answer comes back as the client re-sends it (the template writes a tool call in its own form): the
+    entry is prefilled to that (PrefixCache.resend), and lends it bit for bit."""
+    system = _tokens(100, 49000, seed=11)
+    warm, cold = _llama(smol_path, 2, 100_000, "prefill"), _llama(smol_path)
+    said = _run(warm, system, 256, 150).token_ids[0]
+    resent = _tokens(140, 49000, seed=12)  # not one token in common with what was said
+    warm.prefix_cache.resend(system + said, len(system), lambda: system + resent)
+    assert sum(_idle(warm, 256)) == 240 - 64  # from the prompt's last whole block [64, 100) on
+    question = system + resent + _tokens(60, 49000, seed=13)
+    got = _run(warm, question, 256)
+    assert got.row_stats[0].cached_tokens == 192  # into the answer as re-sent; what was said would give 64
+    _assert_same(got, _run(cold, question, 256))
+
+
 def test_llamacpp_lent_answers_reach_the_answer_up_to_float_rounding(smol_path):
     system = _tokens(100, 49000, seed=8)
     lend, cold = _llama(smol_path, 2, 100_000, "lend"), _llama(smol_path)
@@ -138,6 +153,66 @@ def test_transformers_answers_are_lent_after_an_idle_prefill_or_at_once(tiny_pai
     assert got.row_stats[0].cached_tokens == 51  # the prompt and the fed answer
     assert got.token_ids == want.token_ids
     assert np.allclose(got.logprobs[0], want.logprobs[0], atol=1e-4)
+
+
+def fenced_script(prompt: str) -> str:
+    """A small model's habit: the call as fenced JSON, which the parser accepts and the template writes otherwise."""
+    if "<tool_response>" in prompt:
+        return "It is 21 C in Paris, and it will stay dry."
+    return '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city now.",
+                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                            "required": ["city"]}}}]
+
+
+@pytest.fixture(scope="module")
+def tool_servers(tokenizer):
+    """Scripted tiny models (transformers) that write their calls as fenced JSON: each --answer-kv, and no cache."""
+    from scripted_models import scripted_pair, tool_tokenizer
+    from test_server_helpers import serve
+
+    tok = tool_tokenizer(tokenizer)
+    pair = scripted_pair(tok, fenced_script)
+    servers = {mode: serve(pair, tok, k=3, answer_kv=mode, max_tokens_limit=200)
+               for mode in ("prefill", "lend", "off")}
+    servers["cold"] = serve(pair, tok, k=3, prefix_cache_tokens=0, max_tokens_limit=200)
+    yield tok, servers
+    for server in servers.values():
+        server.stop()
+
+
+@pytest.mark.parametrize("mode", ["prefill", "lend"])
+def test_a_tool_call_written_otherwise_is_reused_as_the_template_writes_it(tool_servers, mode):
+    from specdecode.tool_calls import rendered_call
+    from test_server_helpers import MODEL
+
+    tok, servers = tool_servers
+    turns = {}
+    for name in (mode, "off", "cold"):
+        server, client = servers[name], openai_client(servers[name].url)
+        messages = [{"role": "system", "content": "You answer questions about the weather."},
+                    {"role": "user", "content": f"What is the weather in Paris? ({mode})"}]  # a chat of its own
+        first = client.chat.completions.create(model=MODEL, messages=messages, tools=WEATHER, temperature=0,
+                                               max_tokens=60)
+        call = first.choices[0].message.tool_calls[0]
+        assert (call.function.name, first.choices[0].message.content) == ("get_weather", None)
+        messages += [{"role": "assistant", "content": "", "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": "21 C, dry"}]
+        if name != "cold":
+            assert wait_until(lambda: _idle_done(server), timeout=60)
+        second = client.chat.completions.create(model=MODEL, messages=messages, tools=WEATHER, temperature=0,
+                                                max_tokens=60)
+        turns[name] = (first, second)
+    assistant = {**messages[-2], "tool_calls": [rendered_call(c) for c in messages[-2]["tool_calls"]]}  # as served
+    resent = tok.apply_chat_template(messages[:-2] + [assistant], tools=WEATHER, tokenize=False)  # the template's call
+    assert "<tool_call>" in resent and "```" not in resent
+    hits = {name: second.usage.prompt_tokens_details.cached_tokens for name, (_, second) in turns.items()}
+    assert hits["off"] <= turns["off"][0].usage.prompt_tokens  # the call as written matches nothing re-sent
+    assert hits[mode] == len(tok(resent, add_special_tokens=False)["input_ids"])  # the call as re-sent, all of it
+    assert turns[mode][1].choices[0].message.content == turns["cold"][1].choices[0].message.content
+    assert metric(metric_values(servers[mode].url), "specdecode_prefix_cache_idle_prefilled_tokens") > 0
 
 
 def test_the_setting_and_bad_values():

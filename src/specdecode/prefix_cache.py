@@ -18,12 +18,15 @@ An agent's next turn re-sends the last answer, so what an answer's KV is worth i
 tools between turns: `prefill_answer`, a chunk at a time), in a cold prefill's forwards, and lends it from then on,
 bit for bit what a cold prefill gives; "lend" lends the decode-computed KV as it is (as llama-server and
 llama-cpp-python do): equal to a cold prefill's up to float rounding, and then on any length, not the backend's
-reusable_prefix.
+reusable_prefix. A chat's answer often comes back otherwise than it was generated (the template writes tool calls
+in its own form, which small models do not always use): `resend` says how, and the idle prefill prefills that
+(both modes; "lend" lends the decode KV as far as the two agree).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -44,6 +47,7 @@ class _Entry:
     exact: int  # leading tokens whose KV was prefilled (a cold prefill computes them the same way): a match's cap
     goal: int  # what exact becomes once the answer is prefilled again (prefill_answer); exact when it is not to be
     started: bool = False  # its idle prefill has begun (its KV from `exact` on is gone)
+    render: Callable[[], list[int] | None] | None = None  # the tokens a later prompt re-sends instead (resend)
 
 
 @dataclass
@@ -177,9 +181,12 @@ class PrefixCache:
         of its entry after which that prefill computes what a cold prefill of a later prompt re-sending it would
         (reusable_prefix), in a cold prefill's chunks (cuts at multiples of `budget`, the prefill tokens per step,
         or of IDLE_CHUNK); each chunk done is lent from then on. The tokens prefilled; 0: nothing left to do."""
-        entry = next((e for e in self.entries if e.exact < e.goal), None)
+        entry = next((e for e in self.entries if e.exact < e.goal or e.render is not None), None)
         if entry is None:
             return 0
+        if entry.render is not None:
+            self._retarget(entry)
+            return self.prefill_answer(backend, budget)
         length = len(entry.tokens)
         if not entry.started:  # where a next prompt, which re-sends the answer and more, would take more from here
             start = reusable_prefix(backend, FAR, entry.exact, budget)
@@ -197,6 +204,34 @@ class PrefixCache:
         entry.exact = end
         self.stats.idle_prefilled_tokens += end - start
         return end - start
+
+    def resend(self, tokens: list[int], prompt: int, render: Callable[[], list[int] | None]) -> None:
+        """The row that parked `tokens` (its prompt's first `prompt` of them, then its answer) will come back as
+        render() gives it (a chat template's rendering of the answer, say, with its tool calls in the template's
+        own form where the model wrote them otherwise): its entry holds that instead, and prefill_answer prefills
+        it, calling render in idle time. Nothing where answers are off."""
+        if self.answers == "off":
+            return
+        want = np.asarray(tokens, dtype=np.int64)
+        for entry in reversed(self.entries):  # the newest first: the row's own, just parked
+            if prompt <= len(entry.tokens) <= len(want) and common_prefix(entry.tokens, want) == len(entry.tokens):
+                entry.render = render
+                return
+
+    def _retarget(self, entry: _Entry) -> None:
+        """The entry takes the tokens its render gives: its KV stays valid as far as they agree with what it held."""
+        render, entry.render = entry.render, None
+        try:
+            new = render()
+        except Exception:  # a conversation the template cannot render again: the entry stays as it was parked
+            return
+        if not new or len(new) > self.max_tokens:
+            return
+        new = np.asarray(new, dtype=np.int64)
+        entry.exact = min(entry.exact, common_prefix(entry.tokens, new))
+        entry.tokens, entry.goal, entry.started = new, len(new), False
+        while self.tokens > self.max_tokens:
+            self._evict()
 
     def clear(self) -> None:
         self.entries = []

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import threading
 import time
@@ -123,6 +124,7 @@ class Job:
     options: dict = field(default_factory=dict)  # min_p, penalties, logit_bias: engine request() keywords
     copy_texts: list[str] = field(default_factory=list)  # escaped texts the suffix history takes before it joins
     streaming: bool = False  # its tokens go to the client as they come (so a job that has sent some cannot rerun)
+    resend: Any = None  # chat: an answer's text -> the ids of the conversation a next turn re-sends (server/resend.py)
     engine_requests: list | None = None  # one engine Request per row, built once by prepare()
     loop: asyncio.AbstractEventLoop | None = None
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -419,10 +421,21 @@ class Batcher:
 
     def _done(self, job: Job, now: float) -> Done:
         result = self.session.result(job.rows)
+        self._resend(job, result)
         stats = _job_stats(job, result, self.session.stats, now)
         if self.metrics is not None:
             self.metrics.observe_rows(result.row_stats, stats.prompt_tokens)
         return Done(result, [len(p) for p in job.prompts], stats, max(job.peak_rows, 1))
+
+    def _resend(self, job: Job, result: GenerationResult) -> None:
+        """A chat's answers come back as the client re-sends them (job.resend): the prefix cache prefills that form
+        of each row it parked, while idle."""
+        cache = getattr(self.session, "prefix_cache", None)
+        if job.resend is None or cache is None or result.texts is None:
+            return
+        for r, (ids, text) in enumerate(zip(result.token_ids, result.texts)):
+            prompt = job.prompts[r // job.n]
+            cache.resend(prompt + ids, len(prompt), functools.partial(job.resend, text))
 
     def _finish(self, job: Job, item) -> None:
         job.state = "finished"

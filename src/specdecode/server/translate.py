@@ -20,6 +20,7 @@ from ..tool_calls import (ToolError, check_tool_messages, parse_tool_choice, par
 from ..tool_dialects import ToolFormat
 from .batcher import Job
 from .errors import APIError, bad_request
+from .resend import resender
 from .settings import ServedModel, ServerSettings
 
 Kind = Literal["completion", "chat", "predict"]
@@ -65,6 +66,8 @@ def translate(body, kind: Kind, served: ServedModel, settings: ServerSettings) -
     if kind == "chat" and settings.escaped_copies and (tools is not None or job.json_schema is not None
                                                        or job.json_object):
         job.copy_texts = escaped_texts((m.role, m.text()) for m in body.messages)  # JSON copies what they say
+    if kind == "chat":  # what the next turn will re-send of the answer, for the prefix cache (server/resend.py)
+        job.resend = resender(_conversation(body.messages, served), served.tokenizer, tools)
     options = getattr(body, "stream_options", None)
     extension = getattr(body, "specdecode", None)
     return Generation(kind, model, job, stream=bool(getattr(body, "stream", False)),
