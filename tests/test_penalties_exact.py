@@ -86,7 +86,8 @@ def joint(model, prompt: list[int], setting, length: int = JOINT) -> dict[tuple,
             for t in s:
                 counts[i, t] += 1
         cond = by_formula(logits, prompt, counts, setting)
-        probs = {s + (t,): probs[s] * c[t].item() for s, c in zip(prefixes, cond) for t in c.nonzero().flatten().tolist()}
+        probs = {s + (t,): probs[s] * c[t].item() for s, c in zip(prefixes, cond)
+                 for t in c.nonzero().flatten().tolist()}
     return probs
 
 

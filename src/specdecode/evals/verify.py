@@ -2,12 +2,12 @@
 
 What it checks. For each prompt, the first P tokens that the speculative generator samples must follow the
 target's own distribution: the first token from p(·|prompt), the second from p(·|prompt, x1), and so on, all
-after the same sampling options (logit_bias and the penalties over each prefix, temperature, top-k, top-p, min_p). This exact reference is computed by running the TARGET
-ALONE on every prefix that carries enough probability (a tree of prefixes, expanded level by level), so the
-exact joint distribution of the first P tokens and each position's exact marginal are known without any
-sampling. N sequences are then sampled with the speculative generator (batches of copies of the prompt), and
-compared with the exact distributions: total-variation distance and a chi-square goodness-of-fit test per
-position (marginals) and for the joint.
+after the same sampling options (logit_bias and the penalties over each prefix, temperature, top-k, top-p,
+min_p). This exact reference is computed by running the TARGET ALONE on every prefix that carries enough
+probability (a tree of prefixes, expanded level by level), so the exact joint distribution of the first P tokens
+and each position's exact marginal are known without any sampling. N sequences are then sampled with the
+speculative generator (batches of copies of the prompt), and compared with the exact distributions:
+total-variation distance and a chi-square goodness-of-fit test per position (marginals) and for the joint.
 
 Cells. Every outcome falls into one cell of a partition whose exact probabilities are known: the kept tokens or
 sequences, and one "rest" cell (prefixes too rare to expand, tokens too rare to list) whose probability is one
@@ -182,7 +182,8 @@ def sample_speculative(generator, prompt_ids: list[int], params: SamplingParams,
         rows = min(batch_size, n - len(out.sequences))
         result = generator.generate([list(prompt_ids)] * rows, max_new_tokens=positions,
                                     temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                                    **options(params), seed=[(seed, len(out.sequences) + j) for j in range(rows)], ignore_eos=True)
+                                    **options(params), seed=[(seed, len(out.sequences) + j) for j in range(rows)],
+                                    ignore_eos=True)
         for tokens, kinds in zip(result.token_ids, result.provenance):
             if len(tokens) != positions:
                 raise RuntimeError(f"the generator returned {len(tokens)} tokens instead of {positions}")
