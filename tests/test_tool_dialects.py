@@ -269,6 +269,59 @@ def test_repeats_are_refused_without_a_dead_end(hermes):
         assert len({(c.name, c.arguments) for c in calls}) == len(calls) <= len(TOOLS)
 
 
+# ------------------------------------------------------------------------------------------------ the parser (Hermes)
+CALLS = ('<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>\n'
+         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "a}\\n</", "unit": "c", "days": 2}}\n</tool_call>')
+
+
+def _parse(text: str, pieces: int):
+    from specdecode.tool_calls import ToolCallParser
+
+    parser, deltas = ToolCallParser(), []
+    step = max(1, len(text) // pieces)
+    for i in range(0, len(text), step):
+        deltas += parser.feed(text[i:i + step])
+    return parser, deltas + parser.finish()
+
+
+@pytest.mark.parametrize("pieces", [1, 7, len(CALLS)])
+def test_the_parser_reads_calls_the_same_however_the_text_comes(pieces):
+    parser, deltas = _parse(CALLS, pieces)
+    assert [(c.name, c.arguments, c.complete) for c in parser.calls] == [
+        ("get_time", '{"zone": "utc"}', True), ("get_weather", '{"city": "a}\\n</", "unit": "c", "days": 2}', True)]
+    assert parser.content == "" and all("content" not in d for d in deltas)
+    opened = [d for d in deltas if "id" in d]
+    assert [(d["index"], d["function"]["name"]) for d in opened] == [(0, "get_time"), (1, "get_weather")]
+    for call in parser.calls:  # the argument pieces add up to the arguments
+        assert "".join(d["function"]["arguments"] for d in deltas if d["index"] == call.index) == call.arguments
+
+
+def test_the_parser_keeps_text_and_cut_answers():
+    parser, _ = _parse("<tool the text", 3)  # starts like a call, is text
+    assert parser.content == "<tool the text" and not parser.calls
+    parser, _ = _parse(CALLS[:-len("\n</tool_call>") + 2], 5)  # cut inside the closing marker: the call is whole
+    assert parser.calls[-1].complete and json.loads(parser.calls[-1].arguments)["days"] == 2
+    parser, deltas = _parse(CALLS[:30], 4)  # cut in a call's head: nothing of it is content
+    assert len(parser.calls) == 0 and parser.content == "" and not deltas
+    parser, _ = _parse(CALLS[:-20], 4)  # cut in the arguments: as far as they got
+    assert not parser.calls[-1].complete and CALLS[:-20].endswith(parser.calls[-1].arguments)
+
+
+@pytest.mark.parametrize("pieces", [1, 5, 1000])
+def test_the_parser_reads_content_then_calls(pieces):
+    """Qwen2.5 often says what it is about to do, then calls: the text is message.content (without the newline
+    before the call, which the template writes back), the calls are tool_calls, streamed or whole alike."""
+    text = "I will check the time first." + "\n" + CALLS
+    parser, deltas = _parse(text, len(text) // pieces or 1)
+    assert parser.content == "I will check the time first."
+    assert "".join(d.get("content", "") for d in deltas) == parser.content
+    assert [c.name for c in parser.calls] == ["get_time", "get_weather"] and all(c.complete for c in parser.calls)
+    for text in ("abc\n<tool_call> not a call", "abc <tool_call"):  # what never becomes a call stays, newline too
+        parser, deltas = _parse(text, pieces)
+        assert parser.content == text and not parser.calls
+        assert "".join(d.get("content", "") for d in deltas) == text
+
+
 # ------------------------------------------------------------------------------------------------ exactness
 def _joint(target, tok, prompt, compiled, length):
     """P(the answer's first `length` tokens = s, or s ending with the end token) under the grammar, from the target
