@@ -425,8 +425,10 @@ def test_auto_allows_text_then_calls_where_the_marker_is_a_token(tool_tokenizer,
         ids = tool_tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
         return compiled.matcher().advance(ids) == len(ids)
 
-    call = CALLS.split("\n<tool_call>")[0]
-    assert allowed(call) and allowed(CALLS) and allowed("no call needed")
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>'
+    calls = (call + '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "a}\\n</", "unit": "c", "days": 2}}'
+             '\n</tool_call>')
+    assert allowed(call) and allowed(calls) and allowed("no call needed")
     assert allowed("Let me look.\n" + call) == (markers == "added")
     assert not allowed(call + "\nand some text") and not allowed(call.replace("get_time", "get_tide"))
 
