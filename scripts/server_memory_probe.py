@@ -18,6 +18,7 @@ import ctypes
 import gc
 import os
 import sys
+import threading
 import time
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +69,20 @@ def rss_kib() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
 
 
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def malloc_mib() -> str:
+    """glibc's view: bytes allocated (in use, heap + mmapped) and bytes free inside its heaps. RSS that grows while
+    'in use' does not is the allocator's (fragmentation), not a leak."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    info = libc.mallinfo2()
+    return f"malloc in use {(info.uordblks + info.hblkhd) >> 20} MiB, free in heaps {info.fordblks >> 20} MiB"
+
+
 def type_counts() -> collections.Counter:
     gc.collect()
     return collections.Counter(type(o).__qualname__ for o in gc.get_objects())
@@ -116,6 +131,14 @@ def soak_twice(url: str, seconds: float, trace: bool) -> None:
     import asyncio
 
     shapes = record_kernel_shapes()
+    start, stop = time.perf_counter(), threading.Event()
+
+    def timeline():  # RSS and kernel shapes every 10 s, for where a growth comes from
+        while not stop.wait(10):
+            print(f"  t {time.perf_counter() - start:.0f} s: RSS {rss_kib() // 1024} MiB, {malloc_mib()}, "
+                  f"{len(shapes)} kernel shapes", flush=True)
+
+    threading.Thread(target=timeline, daemon=True).start()
     for run_index in range(2):
         if run_index == 1:
             before_types, before_rss = type_counts(), rss_kib()
@@ -126,6 +149,7 @@ def soak_twice(url: str, seconds: float, trace: bool) -> None:
                                                          seed=run_index)))
         print(f"soak {run_index}: {len(outcomes)} requests, RSS {rss_kib()} KiB, {len(shapes)} prepacked kernel "
               f"shapes so far")
+    stop.set()
     after_types, after_rss = type_counts(), rss_kib()
     print(f"second soak: RSS {before_rss} -> {after_rss} KiB ({(after_rss - before_rss) / len(outcomes):+.1f} KiB a "
           f"request)")

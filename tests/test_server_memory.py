@@ -135,3 +135,21 @@ def test_no_per_request_state_outlives_its_request(server, kind):
     assert not alive, f"{kind}: still alive after the requests ended: {alive} (of {made})"
     assert _live(CompletionRequest) + _live(ChatCompletionRequest) <= bodies + 1, "request bodies outlive them"
     assert _rejected_prompts(context) == 0, "a rejected prompt's token list outlives its request"
+
+
+def test_metrics_tell_the_allocator_from_a_leak(server):
+    """specdecode_malloc_in_use_bytes follows what malloc has handed out (64 MiB held and freed shows), and
+    specdecode_malloc_free_bytes is what its heaps keep free: a soak reads both beside the RSS."""
+    from specdecode.server.metrics import malloc_bytes
+    from test_server_helpers import metric, metric_values
+
+    if malloc_bytes() == (0, 0):
+        pytest.skip("not glibc (>= 2.33): no mallinfo2")
+    before = malloc_bytes()[0]
+    held = bytearray(64 << 20)
+    assert malloc_bytes()[0] - before >= 60 << 20
+    del held
+    assert malloc_bytes()[0] - before < 8 << 20
+    values = metric_values(server.url)
+    assert metric(values, "specdecode_malloc_in_use_bytes") > 0
+    assert ("specdecode_malloc_free_bytes", ()) in values

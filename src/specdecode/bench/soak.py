@@ -247,6 +247,7 @@ def _scrape(text: str) -> dict:
               "specdecode_suffix_history_tokens": "history_tokens",
               "specdecode_suffix_history_max_tokens": "history_max_tokens",
               "specdecode_suffix_history_bytes": "history_bytes", "specdecode_running_requests": "running",
+              "specdecode_malloc_in_use_bytes": "malloc_bytes", "specdecode_malloc_free_bytes": "malloc_free_bytes",
               "specdecode_queue_depth": "queued"}
     figures: dict = defaultdict(float)
     for family in text_string_to_metric_families(text):
@@ -384,6 +385,9 @@ def memory_summary(samples: list[dict], duration_s: float) -> dict:
         peak = max(x["rss_bytes"] for x in after)
         summary.update(rss_warm_mib=level / 2**20, rss_peak_after_warmup_mib=peak / 2**20,
                        rss_last_mib=after[-1]["rss_bytes"] / 2**20, rss_growth=(peak - level) / level)
+        if warm[-1].get("malloc_bytes") and after[-1].get("malloc_bytes"):  # what malloc holds (glibc servers)
+            summary.update(malloc_warm_mib=warm[-1]["malloc_bytes"] / 2**20,
+                           malloc_last_mib=after[-1]["malloc_bytes"] / 2**20)
     for name in ("cache", "history"):
         held = [x.get(f"{name}_tokens", 0) for x in samples]
         bound = max((x.get(f"{name}_max_tokens", 0) for x in samples), default=0)
@@ -440,6 +444,8 @@ def plot_memory(report: dict, path) -> None:
     t = [x["t_s"] for x in samples]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     top.plot(t, [x.get("rss_bytes", 0) / 2**20 for x in samples], label="RSS")
+    if any(x.get("malloc_bytes") for x in samples):  # in use: what a leak would grow; RSS less it, the rest
+        top.plot(t, [x.get("malloc_bytes", 0) / 2**20 for x in samples], label="malloc in use")
     top.axvline(WARMUP_FRACTION * report["wall_s"], color="grey", linestyle=":", label="end of warm-up")
     top.set_ylabel("MiB")
     top.legend(loc="lower right")

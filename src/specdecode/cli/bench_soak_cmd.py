@@ -77,6 +77,9 @@ def _print(report: dict) -> None:
                   f" MiB after ({memory['rss_growth']:+.1%}); prefix cache at most {memory['cache_tokens_max']:.0f} "
                   f"of {memory['cache_max_tokens']:.0f} tokens; suffix history at most "
                   f"{memory['history_tokens_max']:.0f} of {memory['history_max_tokens']:.0f}")
+    if "malloc_warm_mib" in memory:
+        out.print(f"malloc in use: {memory['malloc_warm_mib']:.0f} MiB after warm-up, {memory['malloc_last_mib']:.0f} "
+                  f"MiB at the end")
     ties = f" ({replays['near_ties']} of the others parted at a near-tie)" if replays.get("near_ties") else ""
     out.print(f"left in the server after the load: {'nothing' if memory['drained'] else 'requests (see memory)'}; "
               f"replayed alone: {replays['equal']}/{replays['checked']} equal{ties}; verdict: "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import ctypes
+import functools
 import threading
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -141,6 +143,12 @@ class ServerMetrics:
         def history(name):
             return lambda: getattr(history_of(drafter_of()), name, 0) or 0
 
+        for name, index, doc in (("in_use", 0, "Bytes the C allocator (glibc malloc) has handed out and not had back: "
+                                               "torch tensors, the grammar engine's and the tokenizer's state."),
+                                 ("free", 1, "Free bytes glibc malloc keeps inside its heaps (fragmentation): RSS that "
+                                             "grows with this, and not with in_use, is the allocator's, not a leak.")):
+            Gauge(f"specdecode_malloc_{name}_bytes", doc, registry=self.registry).set_function(
+                lambda index=index: malloc_bytes()[index])
         for name, attribute, doc in (("tokens", "tokens", "Tokens the suffix draft's history holds."),
                                      ("max_tokens", "max_tokens", "The suffix draft history's bound on tokens."),
                                      ("bytes", "nbytes", "Memory of the suffix draft's history index.")):
@@ -148,6 +156,32 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+@functools.lru_cache(maxsize=1)
+def _mallinfo2():
+    """glibc's mallinfo2 (2.33+: every arena summed, no 32-bit wrap), or None (another C library, or an older
+    glibc)."""
+    try:
+        function = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    function.restype = _MallInfo2
+    return function
+
+
+def malloc_bytes() -> tuple[int, int]:
+    """(bytes in use, bytes free inside malloc's heaps) of this process; (0, 0) where glibc cannot say."""
+    function = _mallinfo2()
+    if function is None:
+        return 0, 0
+    info = function()
+    return info.uordblks + info.hblkhd, info.fordblks
 
 
 class PolicyCollector:
