@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict
 
-from .serve_agent import LLAMA_SERVER, PEER, PLAIN, AgentBenchSettings, SessionRecord, TurnRecord
+from .agent_records import LLAMA_SERVER, PEER, PLAIN, AgentBenchSettings, SessionRecord, TurnRecord
 
 ORDER = ("each method answered one untimed request of the system prompt and the tools (max_tokens 1) before the "
          "first task, so every method starts its sessions with that prefix in its own cache; the methods then ran "
