@@ -188,9 +188,9 @@ class PrefixCache:
             self._retarget(entry)
             return self.prefill_answer(backend, budget)
         length = len(entry.tokens)
-        if not entry.started:  # where a next prompt, which re-sends the answer and more, would take more from here
-            start = reusable_prefix(backend, FAR, entry.exact, budget)
-            if reusable_prefix(backend, FAR, length, budget) <= start:
+        if not entry.started:
+            start = self._refill_start(backend, entry, budget)
+            if start is None:
                 entry.goal = entry.exact
                 return self.prefill_answer(backend, budget)
             entry.exact, entry.started = start, True
@@ -204,6 +204,15 @@ class PrefixCache:
         entry.exact = end
         self.stats.idle_prefilled_tokens += end - start
         return end - start
+
+    def _refill_start(self, backend, entry: _Entry, budget: int | None) -> int | None:
+        """Where an entry's idle prefill starts: after the longest prefix from which it computes what a cold prefill
+        of a later prompt re-sending the entry would (reusable_prefix; lent answers: where its prefix stops); None
+        where such a prompt, which goes on past the entry, would take no more from the cache than it can now."""
+        if self.answers == "lend":  # decode KV is lent: no forward shapes to keep
+            return entry.exact if entry.exact < len(entry.tokens) else None
+        start = reusable_prefix(backend, FAR, entry.exact, budget)
+        return start if reusable_prefix(backend, FAR, len(entry.tokens), budget) > start else None
 
     def resend(self, tokens: list[int], prompt: int, render: Callable[[], list[int] | None]) -> None:
         """The row that parked `tokens` (its prompt's first `prompt` of them, then its answer) will come back as
