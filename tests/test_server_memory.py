@@ -140,7 +140,7 @@ def test_no_per_request_state_outlives_its_request(server, kind):
 def test_metrics_tell_the_allocator_from_a_leak(server):
     """specdecode_malloc_in_use_bytes follows what malloc has handed out (64 MiB held and freed shows), and
     specdecode_malloc_free_bytes is what its heaps keep free: a soak reads both beside the RSS."""
-    from specdecode.server.metrics import malloc_bytes
+    from specdecode.server.allocator import malloc_bytes
     from test_server_helpers import metric, metric_values
 
     if malloc_bytes() == (0, 0):
@@ -153,3 +153,53 @@ def test_metrics_tell_the_allocator_from_a_leak(server):
     values = metric_values(server.url)
     assert metric(values, "specdecode_malloc_in_use_bytes") > 0
     assert ("specdecode_malloc_free_bytes", ()) in values
+
+
+ARENAS_SCRIPT = """
+import ctypes, sys, threading
+from specdecode.server.allocator import limit_arenas
+took = limit_arenas(int(sys.argv[1]))
+together = threading.Barrier(12)
+def work():  # all 12 alive at once, each allocating: a thread keeps its arena while it lives
+    blocks = [ctypes.create_string_buffer(4096) for _ in range(200)]
+    together.wait()
+threads = [threading.Thread(target=work) for _ in range(12)]
+for t in threads: t.start()
+for t in threads: t.join()
+libc = ctypes.CDLL(None)
+libc.fopen.restype = ctypes.c_void_p
+libc.fclose.argtypes = [ctypes.c_void_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+out = libc.fopen(sys.argv[2].encode(), b"w")
+libc.malloc_info(0, out)
+libc.fclose(out)
+print(took, open(sys.argv[2]).read().count('<heap nr='))
+"""
+
+
+def test_the_server_bounds_the_allocators_arenas(tmp_path, monkeypatch, tiny_pair, tokenizer):
+    """create_app limits glibc's arenas (settings.malloc_arenas, 2 by default): 12 threads allocating at once
+    share 2 heaps; without the limit each gets its own (glibc's default allows 8 per core)."""
+    import subprocess
+    import sys
+
+    from specdecode.server import ServerSettings, app, create_app
+    from specdecode.server.allocator import malloc_bytes
+    from test_server_helpers import make_generator
+
+    if malloc_bytes() == (0, 0):
+        pytest.skip("not glibc (>= 2.33)")
+    asked = []
+    monkeypatch.setattr(app, "limit_arenas", asked.append)
+    create_app(make_generator(tiny_pair, tokenizer), "tiny", tokenizer)
+    create_app(make_generator(tiny_pair, tokenizer), "tiny", tokenizer, ServerSettings(malloc_arenas=0))
+    assert asked == [2, 0]
+
+    def heaps(arenas: int) -> tuple[str, int]:
+        out = subprocess.run([sys.executable, "-c", ARENAS_SCRIPT, str(arenas), str(tmp_path / "info.xml")],
+                             capture_output=True, text=True, timeout=60, check=True).stdout.split()
+        return out[0], int(out[1])
+
+    assert heaps(2) == ("True", 2)
+    took, unbounded = heaps(0)
+    assert took == "False" and unbounded > 4

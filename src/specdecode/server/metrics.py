@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import collections
-import ctypes
-import functools
 import threading
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+
+from .allocator import malloc_bytes
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -156,32 +156,6 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-@functools.lru_cache(maxsize=1)
-def _mallinfo2():
-    """glibc's mallinfo2 (2.33+: every arena summed, no 32-bit wrap), or None (another C library, or an older
-    glibc)."""
-    try:
-        function = ctypes.CDLL(None).mallinfo2
-    except (OSError, AttributeError):
-        return None
-    function.restype = _MallInfo2
-    return function
-
-
-def malloc_bytes() -> tuple[int, int]:
-    """(bytes in use, bytes free inside malloc's heaps) of this process; (0, 0) where glibc cannot say."""
-    function = _mallinfo2()
-    if function is None:
-        return 0, 0
-    info = function()
-    return info.uordblks + info.hblkhd, info.fordblks
 
 
 class PolicyCollector:
