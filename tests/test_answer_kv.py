@@ -304,7 +304,9 @@ def test_turns_that_come_at_once_or_mid_prefill_get_the_cold_servers_answers(smo
 
 
 def test_lent_answers_are_hit_at_once(smol_servers):
+    """The decode KV is lent as far as an answer comes back as generated; only the rest is prefilled while idle."""
     lend = smol_servers["lend"]
-    responses = _conversation(lend, "Answer in one paragraph. " + CHAT_SYSTEM)
+    responses = _conversation(lend, "Answer in one paragraph. " + CHAT_SYSTEM, wait=True)
     assert _hits_into_answers(responses) >= 2
-    assert metric(metric_values(lend.url), "specdecode_prefix_cache_idle_prefilled_tokens") == 0
+    idle = metric(metric_values(lend.url), "specdecode_prefix_cache_idle_prefilled_tokens")
+    assert idle < sum(r.usage.completion_tokens for r in responses[:-1]) / 4
