@@ -183,17 +183,18 @@ def test_the_server_bounds_the_allocators_arenas(tmp_path, monkeypatch, tiny_pai
     import subprocess
     import sys
 
-    from specdecode.server import ServerSettings, app, create_app
+    from specdecode.server import ServerSettings, allocator, create_app
     from specdecode.server.allocator import malloc_bytes
     from test_server_helpers import make_generator
 
     if malloc_bytes() == (0, 0):
         pytest.skip("not glibc (>= 2.33)")
     asked = []
-    monkeypatch.setattr(app, "limit_arenas", asked.append)
+    monkeypatch.setattr(allocator, "configure", lambda *settings: asked.append(settings))
     create_app(make_generator(tiny_pair, tokenizer), "tiny", tokenizer)
-    create_app(make_generator(tiny_pair, tokenizer), "tiny", tokenizer, ServerSettings(malloc_arenas=0))
-    assert asked == [2, 0]
+    create_app(make_generator(tiny_pair, tokenizer), "tiny", tokenizer,
+               ServerSettings(malloc_arenas=0, malloc_mmap_threshold_kib=0))
+    assert asked == [(2, 128), (0, 0)]
 
     def heaps(arenas: int) -> tuple[str, int]:
         out = subprocess.run([sys.executable, "-c", ARENAS_SCRIPT, str(arenas), str(tmp_path / "info.xml")],
@@ -203,3 +204,37 @@ def test_the_server_bounds_the_allocators_arenas(tmp_path, monkeypatch, tiny_pai
     assert heaps(2) == ("True", 2)
     took, unbounded = heaps(0)
     assert took == "False" and unbounded > 4
+
+
+THRESHOLD_SCRIPT = """
+import ctypes, sys
+from specdecode.server.allocator import _libc, fix_mmap_threshold
+took = fix_mmap_threshold(int(sys.argv[1]))
+libc = _libc()
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.free(libc.malloc(4 << 20))  # a large block freed: glibc's own threshold rises to its size
+before = libc.mallinfo2().hblks
+blocks = [libc.malloc(256 << 10) for _ in range(16)]  # mid-size blocks: mapped each, or carved from a heap?
+print(took, libc.mallinfo2().hblks - before)
+"""
+
+
+def test_mid_size_blocks_get_their_own_mapping_after_a_large_one_is_freed():
+    """settings.malloc_mmap_threshold_kib (128 by default) fixes glibc's threshold: 256 KiB blocks allocated after a
+    4 MiB block was freed are each mapped (and given back when freed); under glibc's own threshold, which rose to
+    4 MiB, they come from the heap, where the space they leave stays."""
+    import subprocess
+    import sys
+
+    from specdecode.server.allocator import malloc_bytes
+
+    if malloc_bytes() == (0, 0):
+        pytest.skip("not glibc (>= 2.33)")
+
+    def mapped(kib: int) -> list[str]:
+        return subprocess.run([sys.executable, "-c", THRESHOLD_SCRIPT, str(kib)], capture_output=True, text=True,
+                              timeout=60, check=True).stdout.split()
+
+    assert mapped(128) == ["True", "16"]
+    assert mapped(0) == ["False", "0"]

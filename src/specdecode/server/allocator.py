@@ -14,7 +14,8 @@ from __future__ import annotations
 import ctypes
 import functools
 
-M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
+M_MMAP_THRESHOLD = -3  # mallopt's parameter numbers (malloc.h)
+M_ARENA_MAX = -8
 
 
 class _MallInfo2(ctypes.Structure):
@@ -51,3 +52,20 @@ def limit_arenas(arenas: int) -> bool:
     if not arenas or libc is None:
         return False
     return bool(libc.mallopt(M_ARENA_MAX, int(arenas)))
+
+
+def fix_mmap_threshold(kib: int) -> bool:
+    """Allocations of `kib` KiB and more get their own mapping, returned to the system when freed (0: glibc's own
+    threshold, left as it is); whether glibc took it. glibc's own starts at 128 KiB and rises to the largest block
+    freed so far (up to 32 MiB): a server that frees a few large tensors then serves every mid-size block from its
+    heaps, where the space such blocks leave is kept. A fixed threshold also ends that rise."""
+    libc = _libc()
+    if not kib or libc is None:
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, int(kib) * 1024))
+
+
+def configure(arenas: int, mmap_threshold_kib: int) -> None:
+    """The server's allocator settings (ServerSettings.malloc_arenas, malloc_mmap_threshold_kib)."""
+    limit_arenas(arenas)
+    fix_mmap_threshold(mmap_threshold_kib)

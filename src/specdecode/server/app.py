@@ -30,7 +30,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from ..drafters.escaped_copies import EscapedCopies
 from ..tool_calls import template_supports_tools
-from .allocator import limit_arenas
+from . import allocator
 from .batcher import Batcher
 from .errors import ERROR_RESPONSES, APIError, install_error_handlers
 from .jobs import JobRunner
@@ -62,7 +62,8 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
     running rows get settings.shutdown_grace_s to finish before they are cancelled.
     """
     settings = settings or ServerSettings()
-    limit_arenas(settings.malloc_arenas)  # before the worker, the event loop and the thread pool allocate
+    # before the worker, the event loop and the thread pool allocate (serve and Ray replicas: before loading too)
+    allocator.configure(settings.malloc_arenas, settings.malloc_mmap_threshold_kib)
     tokenizer = tokenizer if tokenizer is not None else generator.tokenizer
     if tokenizer is None:
         raise ValueError("the server needs a tokenizer (text in, text out): load the model with its tokenizer")
