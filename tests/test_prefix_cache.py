@@ -349,3 +349,34 @@ def test_index_matches_the_longest_prefix_and_drops_what_a_new_entry_extends():
     assert cache.lookup(backend, list(range(100, 150)) + [99], [(list(range(100, 150)), 45)], None) == ("row 0", 45)
     cache.insert(list(range(200, 260)), "g", exact=MIN_REUSE - 1)  # too little to lend: not kept
     assert "g" not in [e.handle for e in cache.entries]
+
+
+def test_the_bounds_hold_at_every_moment_a_reader_may_look():
+    """The metrics thread reads tokens and bytes while the worker inserts: room is made before an entry goes in, so
+    no reading ever exceeds max_tokens or max_bytes (a soak's scrape caught 65586 of 65536 when the entry came first)."""
+    class Handle:
+        def __init__(self, nbytes):
+            self.nbytes = nbytes
+
+    seen = []
+
+    class Watched(list):  # what a reader would see right after each entry goes in
+        def append(self, item):
+            super().append(item)
+            seen.append((cache.tokens, cache.bytes))
+
+    class Cache(PrefixCache):
+        def __setattr__(self, name, value):  # insert rebuilds the list: keep watching the new one
+            super().__setattr__(name, Watched(value) if name == "entries" else value)
+
+    cache = Cache(max_tokens=100, max_bytes=1000, answers="prefill")
+    for i in range(12):
+        cache.insert([i] * (30 + 7 * (i % 3)), Handle(200 + 100 * (i % 4)))
+    assert len(seen) == 12 and all(tokens <= 100 and nbytes <= 1000 for tokens, nbytes in seen), seen
+    cache.insert([99] * 40, Handle(2000))  # over the byte bound on its own: not kept, nothing else evicted for it
+    assert all(len(e.tokens) != 40 or e.tokens[0] != 99 for e in cache.entries)
+    entry = cache.entries[-1]
+    entry.render = lambda: [7] * 95  # re-rendered longer: the others make room before it grows
+    before = cache.stats.evictions
+    cache._retarget(entry)
+    assert cache.tokens <= 100 and cache.entries == [entry] and cache.stats.evictions > before

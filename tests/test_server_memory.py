@@ -155,57 +155,6 @@ def test_metrics_tell_the_allocator_from_a_leak(server):
     assert ("specdecode_malloc_free_bytes", ()) in values
 
 
-ARENAS_SCRIPT = """
-import ctypes, sys, threading
-from specdecode.server.allocator import limit_arenas
-took = limit_arenas(int(sys.argv[1]))
-together = threading.Barrier(12)
-def work():  # all 12 alive at once, each allocating: a thread keeps its arena while it lives
-    blocks = [ctypes.create_string_buffer(4096) for _ in range(200)]
-    together.wait()
-threads = [threading.Thread(target=work) for _ in range(12)]
-for t in threads: t.start()
-for t in threads: t.join()
-libc = ctypes.CDLL(None)
-libc.fopen.restype = ctypes.c_void_p
-libc.fclose.argtypes = [ctypes.c_void_p]
-libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
-out = libc.fopen(sys.argv[2].encode(), b"w")
-libc.malloc_info(0, out)
-libc.fclose(out)
-print(took, open(sys.argv[2]).read().count('<heap nr='))
-"""
-
-
-def test_the_server_bounds_the_allocators_arenas(tmp_path, monkeypatch, tiny_pair, tokenizer):
-    """create_app limits glibc's arenas (settings.malloc_arenas, 2 by default): 12 threads allocating at once
-    share 2 heaps; without the limit each gets its own (glibc's default allows 8 per core)."""
-    import subprocess
-    import sys
-
-    from specdecode.server import ServerSettings, allocator, create_app
-    from specdecode.server.allocator import malloc_bytes
-    from test_server_helpers import make_generator
-
-    if malloc_bytes() == (0, 0):
-        pytest.skip("not glibc (>= 2.33)")
-    asked = []
-    monkeypatch.setattr(allocator, "configure", lambda *settings: asked.append(settings))
-    create_app(make_generator(tiny_pair, tokenizer), "tiny", tokenizer)
-    create_app(make_generator(tiny_pair, tokenizer), "tiny", tokenizer,
-               ServerSettings(malloc_arenas=0, malloc_mmap_threshold_kib=0))
-    assert asked == [(2, 128), (0, 0)]
-
-    def heaps(arenas: int) -> tuple[str, int]:
-        out = subprocess.run([sys.executable, "-c", ARENAS_SCRIPT, str(arenas), str(tmp_path / "info.xml")],
-                             capture_output=True, text=True, timeout=60, check=True).stdout.split()
-        return out[0], int(out[1])
-
-    assert heaps(2) == ("True", 2)
-    took, unbounded = heaps(0)
-    assert took == "False" and unbounded > 4
-
-
 THRESHOLD_SCRIPT = """
 import ctypes, sys
 from specdecode.server.allocator import _libc, fix_mmap_threshold
@@ -220,21 +169,29 @@ print(took, libc.mallinfo2().hblks - before)
 """
 
 
-def test_mid_size_blocks_get_their_own_mapping_after_a_large_one_is_freed():
-    """settings.malloc_mmap_threshold_kib (128 by default) fixes glibc's threshold: 256 KiB blocks allocated after a
-    4 MiB block was freed are each mapped (and given back when freed); under glibc's own threshold, which rose to
-    4 MiB, they come from the heap, where the space they leave stays."""
+def test_mid_size_blocks_get_their_own_mapping_after_a_large_one_is_freed(monkeypatch, tiny_pair, tokenizer):
+    """create_app fixes glibc's mmap threshold (settings.malloc_mmap_threshold_kib, 128 by default): 256 KiB blocks
+    allocated after a 4 MiB block was freed are each mapped (and given back when freed); under glibc's own
+    threshold, which rose to 4 MiB, they come from the heap, where the space they leave stays."""
     import subprocess
     import sys
 
-    from specdecode.server.allocator import malloc_bytes
+    from specdecode.server import ServerSettings, allocator, create_app
+    from test_server_helpers import make_generator
 
-    if malloc_bytes() == (0, 0):
+    if allocator.malloc_bytes() == (0, 0):
         pytest.skip("not glibc (>= 2.33)")
+    asked = []
+    monkeypatch.setattr(allocator, "fix_mmap_threshold", asked.append)
+    create_app(make_generator(tiny_pair, tokenizer), "tiny", tokenizer)
+    create_app(make_generator(tiny_pair, tokenizer), "tiny", tokenizer, ServerSettings(malloc_mmap_threshold_kib=0))
+    assert asked == [128, 0]
 
     def mapped(kib: int) -> list[str]:
         return subprocess.run([sys.executable, "-c", THRESHOLD_SCRIPT, str(kib)], capture_output=True, text=True,
                               timeout=60, check=True).stdout.split()
 
-    assert mapped(128) == ["True", "16"]
-    assert mapped(0) == ["False", "0"]
+    took, blocks = mapped(128)  # 16 blocks mapped (the interpreter may map or unmap one of its own meanwhile)
+    assert took == "True" and int(blocks) >= 14, blocks
+    took, blocks = mapped(0)
+    assert took == "False" and int(blocks) <= 2, blocks

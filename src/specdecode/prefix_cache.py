@@ -169,11 +169,15 @@ class PrefixCache:
             return
         new = np.asarray(tokens, dtype=np.int64)
         self.entries = [e for e in self.entries if min(common_prefix(e.tokens, new), goal) < e.goal]
+        # room first, then the entry: the metrics thread reads tokens and bytes at any moment, never over the bounds
+        size = getattr(handle, "nbytes", 0)
+        if size > self.max_bytes:
+            return
+        while self.entries and (self.tokens + len(new) > self.max_tokens or self.bytes + size > self.max_bytes):
+            self._evict()
         self._clock += 1
         self.entries.append(_Entry(new, handle, self._clock, exact, goal))
         self.stats.inserted += 1
-        while self.tokens > self.max_tokens or self.bytes > self.max_bytes:
-            self._evict()
 
     def prefill_answer(self, backend, budget: int | None) -> int:
         """Idle work, one chunk per call (so that a request arriving meanwhile waits for one chunk at most): the
@@ -237,10 +241,11 @@ class PrefixCache:
         if not new or len(new) > self.max_tokens:
             return
         new = np.asarray(new, dtype=np.int64)
+        others = [e for e in self.entries if e is not entry]
+        while others and self.tokens - len(entry.tokens) + len(new) > self.max_tokens:  # room first, as in insert
+            self._evict(others)
         entry.exact = min(entry.exact, common_prefix(entry.tokens, new))
         entry.tokens, entry.goal, entry.started = new, len(new), False
-        while self.tokens > self.max_tokens:
-            self._evict()
 
     def clear(self) -> None:
         self.entries = []

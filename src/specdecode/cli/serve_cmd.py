@@ -49,8 +49,6 @@ def serve(
                                            "JSON that small models write at the start of an answer instead."),
     max_tool_calls: int = typer.Option(0, "--max-tool-calls", help="Tool calls in one answer at most (parallel "
                                        "calls; 0: the number of tools the request declares)."),
-    malloc_arenas: int = typer.Option(2, "--malloc-arenas", help="glibc malloc arenas the server may use (0: "
-                                      "glibc's own limit, 8 per core)."),
     malloc_mmap_threshold: int = typer.Option(128, "--malloc-mmap-threshold", help="KiB: blocks this large get "
                                               "their own mapping, returned to the system when freed (0: glibc's own "
                                               "threshold, which rises with the blocks freed: under a long mixed "
@@ -85,7 +83,7 @@ def serve(
     """
     with user_errors():
         from ..server import ServerSettings, create_app, run
-        from ..server.allocator import configure as configure_allocator
+        from ..server.allocator import fix_mmap_threshold
         from ..server.run import log_config
 
         log_config(log_level)  # checks the level before anything loads
@@ -102,9 +100,9 @@ def serve(
                                   prefix_cache_tokens=prefix_cache_tokens, prefix_cache_rows=prefix_cache_rows,
                                   answer_kv=answer_kv,
                                   escaped_copies=escaped_copies, strict_tool_calls=strict_tool_calls,
-                                  max_tool_calls=max_tool_calls, malloc_arenas=malloc_arenas,
+                                  max_tool_calls=max_tool_calls,
                                   malloc_mmap_threshold_kib=malloc_mmap_threshold)
-        configure_allocator(settings.malloc_arenas, settings.malloc_mmap_threshold_kib)  # before loading's threads
+        fix_mmap_threshold(settings.malloc_mmap_threshold_kib)  # before loading allocates
         if ray:
             _serve_with_ray(opts, settings, host, port, ray_address, ray_num_cpus, replicas, autoscale,
                             routing or "affinity")

@@ -1,21 +1,20 @@
-"""The C allocator under a long-running server (glibc malloc; elsewhere these do nothing): what it holds, and how
-many arenas it may spread a process's heap over.
+"""The C allocator under a long-running server (glibc malloc; elsewhere these do nothing): what it holds, and
+which blocks it maps on their own.
 
-glibc gives threads their own arenas (up to 8 per core) and keeps the memory freed inside each as free chunks,
-returned to the system only where a whole region at a heap's top is free. A server's threads (the engine worker,
-the event loop, the thread pool that compiles grammars, torch's) each allocate and free steadily, in sizes that
-vary with every request, and the free space inside the arenas grew without a bound: in a 20-minute soak of the
-tiny models on 2 cores, RSS 811 -> 997 MiB over the second half while the memory in use stayed at 330-430 MiB and
-the free space in malloc's heaps rose 95 -> 365 MiB. With two arenas it stayed at 38-43 MiB (docs/BENCHMARKS.md,
-"Memory under a long soak")."""
+glibc serves a block below its mmap threshold from a heap, and keeps the space a freed block leaves there; it gives
+memory back to the system only where a heap's top is free. Its threshold starts at 128 KiB and rises to the size of
+each mapped block freed (up to 32 MiB), so a server that has freed a few large tensors serves every mid-size block
+(activations, logits, token lists) from its heaps. Under a long mixed load of the tiny models the free space in
+them grew without a bound (20 minutes: 95 -> 365 MiB, RSS 811 -> 997 MiB over the second half, while the memory in
+use stayed at 330-430 MiB); with the threshold fixed at 128 KiB it stayed at 5-15 MiB (docs/BENCHMARKS.md, "Memory
+under a long soak")."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
 
-M_MMAP_THRESHOLD = -3  # mallopt's parameter numbers (malloc.h)
-M_ARENA_MAX = -8
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
 
 class _MallInfo2(ctypes.Structure):
@@ -44,16 +43,6 @@ def malloc_bytes() -> tuple[int, int]:
     return info.uordblks + info.hblkhd, info.fordblks
 
 
-def limit_arenas(arenas: int) -> bool:
-    """At most `arenas` malloc arenas for this process from now on (0: glibc's own limit, left as it is); whether
-    glibc took it. Called before the server's threads start, it bounds them all (an arena is never given back,
-    and threads that come later share those there are)."""
-    libc = _libc()
-    if not arenas or libc is None:
-        return False
-    return bool(libc.mallopt(M_ARENA_MAX, int(arenas)))
-
-
 def fix_mmap_threshold(kib: int) -> bool:
     """Allocations of `kib` KiB and more get their own mapping, returned to the system when freed (0: glibc's own
     threshold, left as it is); whether glibc took it. glibc's own starts at 128 KiB and rises to the largest block
@@ -64,8 +53,3 @@ def fix_mmap_threshold(kib: int) -> bool:
         return False
     return bool(libc.mallopt(M_MMAP_THRESHOLD, int(kib) * 1024))
 
-
-def configure(arenas: int, mmap_threshold_kib: int) -> None:
-    """The server's allocator settings (ServerSettings.malloc_arenas, malloc_mmap_threshold_kib)."""
-    limit_arenas(arenas)
-    fix_mmap_threshold(mmap_threshold_kib)

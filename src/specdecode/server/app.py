@@ -63,7 +63,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
     """
     settings = settings or ServerSettings()
     # before the worker, the event loop and the thread pool allocate (serve and Ray replicas: before loading too)
-    allocator.configure(settings.malloc_arenas, settings.malloc_mmap_threshold_kib)
+    allocator.fix_mmap_threshold(settings.malloc_mmap_threshold_kib)
     tokenizer = tokenizer if tokenizer is not None else generator.tokenizer
     if tokenizer is None:
         raise ValueError("the server needs a tokenizer (text in, text out): load the model with its tokenizer")

@@ -47,7 +47,7 @@ class SpecdecodeReplica:
         import torch
 
         from ..pair import ModelOptions, display_name, load_pair, make_generator
-        from .allocator import configure as configure_allocator
+        from .allocator import fix_mmap_threshold
         from .app import create_app
         from .settings import ServerSettings
 
@@ -55,7 +55,7 @@ class SpecdecodeReplica:
         if opts.threads:
             torch.set_num_threads(opts.threads)
         settings = ServerSettings(**config["settings"])
-        configure_allocator(settings.malloc_arenas, settings.malloc_mmap_threshold_kib)  # before loading's threads
+        fix_mmap_threshold(settings.malloc_mmap_threshold_kib)  # before loading allocates
         target, draft = load_pair(opts, rows=settings.model_rows)
         if opts.draft_choice is not None:  # --draft auto: each replica names the draft it resolved to, not "auto"
             settings = dataclasses.replace(settings, draft_name=display_name(opts.draft) if opts.has_draft else None)

@@ -39,8 +39,8 @@ class ServerSettings:
     escaped_copies: bool = True  # JSON answers: the suffix history takes the messages' texts JSON-escaped
     strict_tool_calls: bool = False  # tool calls in the template's own form only (no fenced or bare JSON)
     max_tool_calls: int = 0  # calls in one answer at most (0: the number of tools the request declares)
-    malloc_arenas: int = 2  # glibc malloc arenas the process may use (0: glibc's own, 8 per core): allocator.py
-    malloc_mmap_threshold_kib: int = 128  # blocks this large get their own mapping (0: glibc's rising threshold)
+    malloc_mmap_threshold_kib: int = 128  # blocks this large get their own mapping (0: glibc's rising threshold;
+    # allocator.py)
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_queue", "max_tokens_limit", "max_prompt_chars", "default_predict_tokens"):
@@ -50,7 +50,6 @@ class ServerSettings:
         _integer("retry_after_s", self.retry_after_s, 0)
         _integer("prefix_cache_tokens", self.prefix_cache_tokens, 0)
         _integer("prefix_cache_rows", self.prefix_cache_rows, 0)
-        _integer("malloc_arenas", self.malloc_arenas, 0)
         _integer("malloc_mmap_threshold_kib", self.malloc_mmap_threshold_kib, 0, 32 * 1024)  # glibc's largest
         if self.answer_kv not in ANSWER_KV:
             raise OptionError("answer_kv", f"answer_kv must be one of {', '.join(ANSWER_KV)} (prefill: exact, lend: "
