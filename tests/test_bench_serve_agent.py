@@ -17,8 +17,8 @@ from specdecode.bench import serve_agent
 from specdecode.bench.agent_report import prompt_split, summarize, turn_rows
 from specdecode.bench.agent_tasks import (AgentTask, Repository, builtin_tasks, check_task, invalid_call,
                                           safe_path)
-from specdecode.bench.serve_agent import (LLAMA_SERVER, PEER, PLAIN, AgentBenchSettings, TurnRecord, bench_agent,
-                                          run_session, task_order)
+from specdecode.bench.serve_agent import (LLAMA_SERVER, PEER, PLAIN, AgentBenchSettings, SessionRecord, TurnRecord,
+                                          bench_agent, run_session, task_order)
 from specdecode.errors import OptionError
 
 TASK = AgentTask("tiny", "Add a comment to a.py.", {"a.py": "x = 1\n", "b.txt": "hello\n"},
@@ -98,6 +98,100 @@ def test_a_session_stops_at_a_failed_turn_and_at_a_call_cut_by_max_tokens():
     assert record.ok and session.ended == "length"
     assert record.invalid_calls == ["list_files: arguments are not JSON (Expecting property name enclosed in double "
                                     "quotes)"]
+
+
+class FencedChat(AgentChat):
+    """The same agent, its calls written as the peers return the default model's: a ```json block as content."""
+
+    def __call__(self, messages, tool_choice, record, max_tokens=None):
+        super().__call__(messages, tool_choice, record, max_tokens)
+        for call in record.tool_calls:
+            call = {"name": call["name"], "arguments": json.loads(call["arguments"])}
+            record.text = f"```json\n{json.dumps(call, indent=2)}\n```"
+        record.tool_calls, record.finish_reason = [], "stop"
+
+
+def _without_ids(messages):
+    text = json.dumps(messages)
+    return json.loads(re.sub(r'"(tool_call_)?id": "[^"]*"', r'"\1id": "x"', text))
+
+
+def test_the_client_reads_a_peers_fenced_call_and_goes_on_as_with_our_servers_calls():
+    fenced, ours = FencedChat(), AgentChat()
+    session, records = run_session(fenced, PEER, TASK, settings())
+    assert (session.turns, session.ended, session.completed, session.client_parsed_calls) == (4, "answer", True, 3)
+    assert [r.client_parsed_calls for r in records] == [1, 1, 1, 0] and records[0].server_text.startswith("```json")
+    assert records[1].tool_calls[0]["name"] == "read_file" and not any(r.invalid_calls for r in records)
+    turn_2 = fenced.seen[1][0][2]  # the assistant message of turn 1, sent back with turn 2
+    assert turn_2["content"] == "" and turn_2["tool_calls"][0]["function"] == {"name": "list_files",
+                                                                                 "arguments": "{}"}
+    run_session(ours, "ours", TASK, settings())
+    assert _without_ids([m for m, _ in fenced.seen]) == _without_ids([m for m, _ in ours.seen])  # the same history
+    s = AgentBenchSettings(servers=[("ours", "u")], peer_gguf="x.gguf", tasks=[TASK])
+    report = summarize([session], records, 1.0, s)
+    peer = report["methods"][PEER]
+    assert (peer["calls"], peer["valid_calls"], peer["client_parsed_calls"], peer["client_parsed_valid_calls"]) == \
+        (0, 0, 3, 3)
+    assert [r["client_parsed_calls"] for r in report["turns"]] == [1, 1, 1, 0]
+    assert "our server's own parser" in report["config"]["client_reads_calls"]
+
+
+def test_our_answers_and_text_that_is_no_declared_call_are_never_read_as_calls():
+    session, [record] = run_session(FencedChat(), "ours", TASK, settings())  # ours: tool_calls or nothing
+    assert session.ended == "answer" and record.text.startswith("```json") and not record.tool_calls
+    session, [record] = run_session(FencedChat(), PEER, TASK, settings(client_parses_calls=False))
+    assert session.ended == "answer" and not record.tool_calls and record.client_parsed_calls == 0
+    for text in ('```json\n{"name": "delete_file", "arguments": {"path": "a.py"}}\n```', '{"path": "a.py"}',
+                 'Call it so: {"name": "read_file", "arguments": {"path": "a.py"}}'):
+        def answer(messages, tool_choice, record, max_tokens=None, text=text):
+            record.text, record.finish_reason = text, "stop"
+
+        session, [record] = run_session(answer, LLAMA_SERVER, TASK, settings())
+        assert (session.ended, record.text, record.tool_calls, record.server_text) == ("answer", text, [], None)
+
+
+def test_the_cli_turns_the_client_reading_off_for_the_agent_workload_only(monkeypatch):
+    from typer.testing import CliRunner
+
+    from specdecode.cli.app import app
+
+    given = []
+
+    def bench(s):
+        given.append(s.client_parses_calls)
+        return summarize([], [TurnRecord(PEER, "t", 1, "auto", ok=True, latency_s=1.0)], 1.0, s)
+
+    monkeypatch.setattr(serve_agent, "bench_agent", bench)
+    for flag in ([], ["--no-client-parses-calls"]):
+        result = CliRunner().invoke(app, ["bench", "serve", "--workload", "agent", "--server", "ours=http://x", *flag])
+        assert result.exit_code == 0, result.output
+    assert given == [True, False]
+    result = CliRunner().invoke(app, ["bench", "serve", "--workload", "edit", "--no-client-parses-calls"])
+    assert "--no-client-parses-calls does not apply to --workload edit" in result.output
+
+
+def test_speedups_over_sessions_of_equal_length():
+    def session(method, task, turns, seconds):
+        return SessionRecord(method, task, "edit", 0, turns=turns, session_s=seconds)
+
+    def turn(method, task, decode_s):
+        return TurnRecord(method, task, 1, "auto", ok=True, latency_s=decode_s, decode_tokens=10,
+                          decode_time_s=decode_s)
+
+    sessions = [session("ours", "a", 4, 10.0), session(PLAIN, "a", 4, 20.0), session(LLAMA_SERVER, "a", 4, 15.0),
+                session("ours", "b", 4, 10.0), session(PLAIN, "b", 5, 30.0), session(LLAMA_SERVER, "b", 1, 1.0)]
+    records = [turn("ours", "a", 1.0), turn(PLAIN, "a", 2.0), turn(LLAMA_SERVER, "a", 4.0),
+               turn("ours", "b", 1.0), turn(PLAIN, "b", 8.0), turn(LLAMA_SERVER, "b", 0.1)]
+    s = AgentBenchSettings(servers=[("ours", "u")], plain=True, peer_gguf="x.gguf", llama_server="",
+                           function_calling=False, tasks=[TASK])
+    report = summarize(sessions, records, 1.0, s)
+    assert report["reference"] == PLAIN
+    assert [report["methods"][m]["turns_equal_to_reference"] for m in s.methods] == [1, 2, 1]
+    equal = report["speedups"]["ours"]["equal_turns"]
+    assert equal[PLAIN] == {"tasks": 1, "session_time": pytest.approx(2.0), "decode": pytest.approx(2.0)}
+    assert equal[LLAMA_SERVER] == {"tasks": 1, "session_time": pytest.approx(1.5), "decode": pytest.approx(4.0)}
+    assert report["speedups"]["ours"]["session_time_vs_llama_server"] == pytest.approx(0.8)  # whole sessions kept
+    assert report["speedups"][LLAMA_SERVER]["equal_turns"][PLAIN]["tasks"] == 1
 
 
 def test_the_repository_answers_like_a_real_one_and_stays_inside():

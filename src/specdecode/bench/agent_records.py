@@ -15,6 +15,7 @@ STEERING = ("list_files", "read_file", "write_file")  # --steer: the named tool_
 PLAIN = "plain"
 PEER = "llamacpp-function-calling"
 LLAMA_SERVER = "llama-server"
+CLIENT_PARSED = (LLAMA_SERVER, PEER)  # the methods whose text answers the client may read calls out of
 WARM_UP = "Warm-up request: reply OK."
 PROVENANCE = {"specdecode": {"provenance": True}}  # our servers: a chunk per token, to time the decoding
 
@@ -42,6 +43,8 @@ class TurnRecord:
     speculative: dict | None = None  # our server's usage-chunk statistics
     timings: dict | None = None  # llama-server's "timings" (prompt_n, cache_n, predicted_n, draft_n, ...)
     invalid_calls: list = field(default_factory=list)  # "name: why" for each call its schema rejects
+    client_parsed_calls: int = 0  # tool_calls the client read out of the content (then all of them; 0: the server's)
+    server_text: str | None = None  # the content as the server returned it, where the client read calls out of it
 
     @property
     def decode_rate(self) -> float | None:
@@ -64,6 +67,7 @@ class SessionRecord:
     check: str = ""
     changed: list = field(default_factory=list)
     calls_after_turn_1: bool = False  # the session still called tools after its first turn
+    client_parsed_calls: int = 0  # calls the client read out of the answers' content
 
 
 @dataclass
@@ -80,6 +84,7 @@ class AgentBenchSettings:
     max_turns: int = 6
     max_tokens: int = 512  # per turn: a rewrite re-emits the whole file
     steer: bool = False
+    client_parses_calls: bool = True  # the peers' text answers holding a call are read by the client (never ours)
     tool_latency_s: float = 0.0
     warm: bool = True
     rotate: bool = True

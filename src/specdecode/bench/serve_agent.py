@@ -30,6 +30,15 @@ time): a turn's idle time is the time from the previous answer's end to its requ
 method, tasks completed, turns, valid calls, session time, decode rate; per turn, prefill tokens (cold and from
 cache: usage.prompt_tokens_details.cached_tokens, or llama-server's timings.cache_n), decode tokens, forced tokens,
 drafted and kept (our usage chunk's `speculative` statistics), idle time.
+
+Calls read by the client (client_parses_calls, on by default; the peers only): the default model writes its calls
+as a ```json block, which our server reads into tool_calls but both peers return as content ("stop"), so their
+sessions would end at turn 1 and session times would compare 1 turn with 5. Where a peer's answer has no
+tool_calls, the client reads its content with our server's own parser (the Hermes dialect of the default model's
+template and the start forms: a <tool_call> block, or at the very start a fenced or bare call object or list naming
+a declared tool) and goes on as an agent with such a fallback would: the assistant message sent back carries the
+calls, exactly as for our servers' answers, so every method's server renders the same conversation. Those calls are
+counted apart (client_parsed_calls), never as the server's own.
 """
 
 from __future__ import annotations
@@ -38,8 +47,10 @@ import contextlib
 import time
 import uuid
 
-from .agent_records import (LLAMA_SERVER, PEER, PLAIN, PROVENANCE, STEERING, WARM_UP, AgentBenchSettings,
-                            SessionRecord, TurnRecord)
+from ..tool_calls import Tool
+from ..tool_dialects import Hermes, ToolFormat
+from .agent_records import (CLIENT_PARSED, LLAMA_SERVER, PEER, PLAIN, PROVENANCE, STEERING, WARM_UP,
+                            AgentBenchSettings, SessionRecord, TurnRecord)
 from .agent_report import summarize
 from .agent_tasks import SYSTEM, TOOLS, AgentTask, Repository, check_task, invalid_call
 
@@ -152,6 +163,30 @@ class LlamaCppFunctionCalling:
         self.llama.close()
 
 
+# ------------------------------------------------------------------------------------- calls read by the client
+
+# Our server's parser for the default model's template (Qwen2.5: Hermes) with the start forms, on the bench's tools
+CLIENT_FORMAT = ToolFormat(Hermes(), tuple(Tool(t["function"]["name"], t["function"]["parameters"]) for t in TOOLS),
+                           "auto", len(TOOLS), strict=False, terms=())
+
+
+def client_parses(method: str, settings: AgentBenchSettings) -> bool:
+    """Whether the client reads calls out of this method's text answers: the peers' only (ours return tool_calls)."""
+    return settings.client_parses_calls and method in CLIENT_PARSED
+
+
+def read_calls(record: TurnRecord) -> None:
+    """An answer with no tool_calls: the calls its content holds in a form our server reads, read as our server
+    would (the content before them kept, the wrapping and anything after the last call dropped), counted apart."""
+    parser = CLIENT_FORMAT.parser()
+    parser.feed(record.text)
+    parser.finish()
+    if parser.calls:
+        record.server_text, record.text = record.text, parser.content
+        record.tool_calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in parser.calls]
+        record.client_parsed_calls = len(parser.calls)
+
+
 # ---------------------------------------------------------------------------------------------- the sessions
 
 def tool_choice_of(turn: int, settings: AgentBenchSettings) -> str:
@@ -180,6 +215,9 @@ def run_session(chat, method: str, task: AgentTask, settings: AgentBenchSettings
             break
         finally:
             last_end = time.perf_counter()
+        if client_parses(method, settings) and not record.tool_calls:
+            read_calls(record)
+        session.client_parsed_calls += record.client_parsed_calls
         record.invalid_calls = [why for why in map(invalid_call, record.tool_calls) if why]
         record.ok = True
         session.calls_after_turn_1 |= turn > 1 and bool(record.tool_calls)

@@ -41,7 +41,7 @@ class PeerOptions:
 
 def run_agent(common: dict, servers: list[str], peers: PeerOptions, plain: bool, steer: bool,
               tool_latency: Optional[float], nb_tasks: Optional[int], turns: Optional[int],
-              json_path: Optional[str], tasks_path: Optional[str] = None) -> None:
+              json_path: Optional[str], tasks_path: Optional[str] = None, client_parses_calls: bool = True) -> None:
     from ..bench.agent_tasks import load_tasks
     from ..bench.serve import write_report
     from ..bench.serve_agent import AgentBenchSettings, bench_agent
@@ -61,6 +61,7 @@ def run_agent(common: dict, servers: list[str], peers: PeerOptions, plain: bool,
         raise CLIError(f"--prompts: {e}") from None
     settings = AgentBenchSettings(servers=pairs, plain=plain, peer_gguf=gguf, peer_threads=peers.threads, tasks=tasks,
                                   function_calling=peers.function_calling, steer=steer,
+                                  client_parses_calls=client_parses_calls,
                                   llama_server=None if peers.llama_server is None else peers.binary(),
                                   model=common["model"], api_key=common["api_key"], timeout_s=common["timeout_s"],
                                   **{k: v for k, v in sizes.items() if v is not None})
@@ -89,7 +90,10 @@ def print_agent(report: dict) -> None:
               f"({len(config['tasks'])} tasks, tool_choice {config['tool_choice']}, tool latency "
               f"{config['tool_latency_s']:g} s)")
     out.print(f"order: {config['order']}", markup=False)
+    if config.get("client_reads_calls"):
+        out.print(f"calls read by the client: {config['client_reads_calls']}", markup=False)
     _methods_table(report)
+    _equal_turns_table(report)
     _turns_table(report)
     same = report["same_text"]
     if same["reference"]:
@@ -108,16 +112,41 @@ def _methods_table(report: dict) -> None:
     from rich.table import Table
 
     table = Table(title="per method", title_justify="left")
-    columns = ("method", "completed", "calls after turn 1", "turns", "valid calls", "session time", "decode tok/s",
-               "vs plain", "vs llama-server", "vs function calling")
+    columns = ("method", "completed", "calls after turn 1", "turns", f"turns = {report['reference']}",
+               "valid calls", "client-parsed", "session time", "decode tok/s", "vs plain", "vs llama-server",
+               "vs function calling")
     for column in columns:
         table.add_column(column, justify="left" if column == "method" else "right")
     for name, t in report["methods"].items():
         s = report["speedups"][name]
         table.add_row(name, f"{t['completed']}/{t['tasks']}", f"{t['calls_after_turn_1']}/{t['tasks']}",
-                      str(t["turns"]), f"{t['valid_calls']}/{t['calls']}", f"{t['session_s']:.1f} s",
+                      str(t["turns"]), f"{t['turns_equal_to_reference']}/{t['tasks']}",
+                      f"{t['valid_calls']}/{t['calls']}",
+                      f"{t['client_parsed_valid_calls']}/{t['client_parsed_calls']}", f"{t['session_s']:.1f} s",
                       _num(t["decode_tokens_per_s"], 1), _times(s["decode_vs_plain"]),
                       _times(s["session_time_vs_llama_server"]), _times(s["session_time_vs_function_calling"]))
+    out.print(table)
+
+
+def _equal_turns_table(report: dict) -> None:
+    """Each method against the reference and the peers over only the tasks where both made as many turns."""
+    from rich.table import Table
+
+    others = list(dict.fromkeys(o for s in report["speedups"].values() for o in s["equal_turns"]))
+    if not others:
+        return
+    table = Table(title="on sessions of equal length (only the tasks where both made as many turns: session time "
+                  "theirs/ours, decode rate ours/theirs, tasks)", title_justify="left")
+    table.add_column("method", justify="left")
+    for other in others:
+        table.add_column(f"vs {other}", justify="right")
+    for name, s in report["speedups"].items():
+        cells = []
+        for other in others:
+            r = s["equal_turns"].get(other)
+            cells.append("–" if r is None else f"{_times(r['session_time'])} / {_times(r['decode'])} "
+                                               f"({r['tasks']} tasks)")
+        table.add_row(name, *cells)
     out.print(table)
 
 
@@ -125,12 +154,13 @@ def _turns_table(report: dict) -> None:
     from rich.table import Table
 
     table = Table(title="per turn (sums over the tasks; latency and decode rate: medians)", title_justify="left")
-    columns = ("turn", "method", "prefill cold", "from cache", "decode", "forced", "drafted", "kept", "idle",
-               "latency", "decode tok/s")
+    columns = ("turn", "method", "calls", "prefill cold", "from cache", "decode", "forced", "drafted", "kept",
+               "idle", "latency", "decode tok/s")
     for column in columns:
         table.add_column(column, justify="left" if column == "method" else "right")
     for row in report["turns"]:
-        table.add_row(str(row["turn"]), row["method"], _num(row["cold_tokens"]), _num(row["cached_tokens"]),
+        calls = str(row["calls"]) + (f" + {row['client_parsed_calls']} client" if row["client_parsed_calls"] else "")
+        table.add_row(str(row["turn"]), row["method"], calls, _num(row["cold_tokens"]), _num(row["cached_tokens"]),
                       str(row["output_tokens"]), _num(row["forced_tokens"]), _num(row["drafted_tokens"]),
                       _num(row["kept_tokens"]), f"{row['idle_s']:.2f} s", f"{row['median_latency_s']:.2f} s",
                       _num(row["median_decode_tokens_per_s"], 1))

@@ -51,6 +51,12 @@ def bench_serve(
                                "of its own started with --draft none and named plain)."),
     steer: bool = typer.Option(False, "--steer/--no-steer", help="agent: name the tool of the first three turns "
                                "(list, read, write) instead of tool_choice auto."),
+    client_parses_calls: bool = typer.Option(True, "--client-parses-calls/--no-client-parses-calls", help="agent: "
+                                             "where a peer's answer has no tool_calls but its content is a call in "
+                                             "a form our server reads (a <tool_call> block, or a ```json block or "
+                                             "bare JSON naming a declared tool), the client reads it with our "
+                                             "server's parser and goes on with it, counted apart from the server's "
+                                             "calls (our servers' answers are never re-read; default on)."),
     tool_latency: Optional[float] = typer.Option(None, "--tool-latency", help="agent: seconds the client waits "
                                                  "after running a turn's tools, as a real agent's tools take time "
                                                  "(default 0)."),
@@ -113,7 +119,8 @@ def bench_serve(
                  "--nb-prompts": nb_prompts, "--follow-up": follow_up, "-k": k, "--min-max-tokens": min_max_tokens,
                  "--server": server, "--peer-gguf": peer_gguf, "--threads": threads, "--llama-server": llama_server,
                  "--peer-context": peer_context, "--tool-latency": tool_latency, "--steer": steer or None,
-                 "--plain": plain or None, "--no-function-calling": None if function_calling else True}
+                 "--plain": plain or None, "--no-function-calling": None if function_calling else True,
+                 "--no-client-parses-calls": None if client_parses_calls else True}
         _check_options(workload, given)
         common = dict(url=url, temperature=temperature, model=model, api_key=api_key, timeout_s=timeout,
                       duration_s=duration)
@@ -125,7 +132,8 @@ def bench_serve(
                              plot, min_max_tokens)
         elif workload == "agent":
             run_agent(common, server or [f"ours={url}"], peers, plain=plain, steer=steer, tool_latency=tool_latency,
-                      nb_tasks=nb_prompts, turns=turns, json_path=json_path, tasks_path=prompts)
+                      nb_tasks=nb_prompts, turns=turns, json_path=json_path, tasks_path=prompts,
+                      client_parses_calls=client_parses_calls)
         elif workload == "edit":
             from ..bench.serve_edit import EditBenchSettings, bench_edit
 
@@ -173,7 +181,7 @@ _APPLIES = {"completions": {"--rate", "--plot", "--num-requests", "--concurrency
             "shared-system": {"--system-prompt", "--num-requests", "--concurrency"} | _PEERS,
             "edit": {"--nb-prompts", "--follow-up", "-k"},
             "agent": {"--nb-prompts", "--turns", "--server", "--tool-latency", "--steer", "--plain",
-                      "--no-function-calling"} | _PEERS}
+                      "--no-function-calling", "--no-client-parses-calls"} | _PEERS}
 
 
 def _check_options(workload: str, given: dict) -> None:
