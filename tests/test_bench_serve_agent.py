@@ -15,7 +15,7 @@ import pytest
 
 from specdecode.bench import serve_agent
 from specdecode.bench.agent_report import prompt_split, summarize, turn_rows
-from specdecode.bench.agent_tasks import (AgentTask, Repository, builtin_tasks, check_task, invalid_call,
+from specdecode.bench.agent_tasks import (TOOLS, AgentTask, Repository, builtin_tasks, check_task, invalid_call,
                                           safe_path)
 from specdecode.bench.serve_agent import (LLAMA_SERVER, PEER, PLAIN, AgentBenchSettings, SessionRecord, TurnRecord,
                                           bench_agent, run_session, task_order)
@@ -134,6 +134,21 @@ def test_the_client_reads_a_peers_fenced_call_and_goes_on_as_with_our_servers_ca
         (0, 0, 3, 3)
     assert [r["client_parsed_calls"] for r in report["turns"]] == [1, 1, 1, 0]
     assert "our server's own parser" in report["config"]["client_reads_calls"]
+    assert "as JSON values" in report["config"]["function_calling_arguments"]
+
+
+def test_llamacpp_python_gets_the_calls_arguments_as_its_template_must_render_them():
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    from test_server_tools import QWEN25_TEMPLATE
+
+    chat = AgentChat()
+    run_session(chat, PEER, TASK, settings())
+    history = chat.seen[-1][0]
+    render = Jinja2ChatFormatter(QWEN25_TEMPLATE, eos_token="<|im_end|>", bos_token="")
+    written = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>'  # as the model does
+    assert written in render(messages=serve_agent.as_template_takes(history), tools=TOOLS).prompt
+    assert written not in render(messages=history, tools=TOOLS).prompt  # a string comes back quoted
+    assert history[2]["tool_calls"][0]["function"]["arguments"] == "{}"  # the client's own history is unchanged
 
 
 def test_our_answers_and_text_that_is_no_declared_call_are_never_read_as_calls():

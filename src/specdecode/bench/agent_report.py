@@ -35,6 +35,10 @@ CLIENT_READS = ("where an answer of {methods} had no tool_calls, the client read
                 "dropped), as an agent with such a fallback would; those calls are counted apart "
                 "(client_parsed_calls), not in the server's valid calls; our servers' answers are never re-read")
 
+FUNCTION_CALLING_ARGUMENTS = ("llama-cpp-python was sent the calls' arguments as JSON values, not strings: it hands "
+                              "the messages to the template as they are, whose tojson would quote a string; our "
+                              "server and llama-server parse them before rendering")
+
 
 def summarize(sessions: list[SessionRecord], records: list[TurnRecord], wall_s: float,
               settings: AgentBenchSettings, warm: list | None = None, commands: dict | None = None) -> dict:
@@ -73,7 +77,8 @@ def config(settings: AgentBenchSettings, commands: dict) -> dict:
             "peer_threads": settings.peer_threads, "peer_context": settings.peer_context, "commands": commands,
             "tasks": [t.id for t in settings.tasks], "max_turns": settings.max_turns,
             "max_tokens": settings.max_tokens, "tool_choice": "steered first turns" if settings.steer else "auto",
-            "tool_latency_s": settings.tool_latency_s, "order": order, "client_reads_calls": client_reads(settings)}
+            "tool_latency_s": settings.tool_latency_s, "order": order, "client_reads_calls": client_reads(settings),
+            "function_calling_arguments": FUNCTION_CALLING_ARGUMENTS if PEER in settings.methods else None}
 
 
 def client_reads(settings: AgentBenchSettings) -> str | None:

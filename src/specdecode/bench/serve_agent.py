@@ -17,7 +17,8 @@ Methods, each a server or process of its own:
 - llama.cpp's own server (`llama-server --jinja`, llama_server.py) on the peer GGUF, started here on 127.0.0.1
   with the same threads and context, its prompt cache on as its users run it; streamed like ours;
 - llama-cpp-python's own function calling on the peer GGUF, in process (`Llama.create_chat_completion(tools=...,
-  tool_choice=...)` with the GGUF's own chat template). Not streamed: compared end to end.
+  tool_choice=...)` with the GGUF's own chat template), the calls' arguments sent as JSON values, as the template
+  must get them (as_template_takes). Not streamed: compared end to end.
 
 The order is fair (issue 44): before the first task every method answers one untimed request holding the system
 prompt and the tools (max_tokens 1), so each starts its sessions with that shared prefix in its own cache; then the
@@ -47,7 +48,7 @@ import contextlib
 import time
 import uuid
 
-from ..tool_calls import Tool
+from ..tool_calls import Tool, ToolError, rendered_call
 from ..tool_dialects import Hermes, ToolFormat
 from .agent_records import (CLIENT_PARSED, LLAMA_SERVER, PEER, PLAIN, PROVENANCE, STEERING, WARM_UP,
                             AgentBenchSettings, SessionRecord, TurnRecord)
@@ -147,8 +148,8 @@ class LlamaCppFunctionCalling:
     def __call__(self, messages: list, tool_choice, record: TurnRecord, max_tokens: int | None = None) -> None:
         start = time.perf_counter()
         answer = self.llama.create_chat_completion(
-            messages=messages, tools=TOOLS, tool_choice=tool_choice, temperature=0.0, top_k=0, top_p=1.0,
-            min_p=0.0, repeat_penalty=1.0, max_tokens=max_tokens or self.max_tokens)
+            messages=as_template_takes(messages), tools=TOOLS, tool_choice=tool_choice, temperature=0.0, top_k=0,
+            top_p=1.0, min_p=0.0, repeat_penalty=1.0, max_tokens=max_tokens or self.max_tokens)
         record.latency_s = time.perf_counter() - start
         choice = answer["choices"][0]
         message = choice["message"]
@@ -161,6 +162,22 @@ class LlamaCppFunctionCalling:
 
     def close(self) -> None:
         self.llama.close()
+
+
+def as_template_takes(messages: list) -> list:
+    """The messages with each call's arguments as a JSON value. llama-cpp-python hands the messages to the chat
+    template as they are, and Qwen's writes a call's arguments with tojson, so a string would come back quoted
+    ("{\\"path\\": ...}"); our server and llama-server parse them first (rendered_call), so every method
+    renders the same history. Arguments that are not JSON stay as they are."""
+    return [{**m, "tool_calls": [_as_json(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
+            for m in messages]
+
+
+def _as_json(call: dict) -> dict:
+    try:
+        return rendered_call(call)
+    except ToolError:
+        return call
 
 
 # ------------------------------------------------------------------------------------- calls read by the client
