@@ -211,9 +211,6 @@ def test_openai_agents_sdk_typed_output(server):
     assert got["speculative"]["forced_tokens"] > 0  # the schema's grammar wrote the keys
 
 
-@pytest.mark.xfail(strict=True, raises=openai.BadRequestError,
-                   reason="issue 42: an agent with tools and an output_type sends response_format beside tools, "
-                          "which the server answers with 400 (response_format and tools cannot be combined)")
 def test_openai_agents_sdk_tools_with_a_typed_output(server):
     agents = agents_sdk()
     traffic, cities = Traffic(), []
@@ -223,6 +220,15 @@ def test_openai_agents_sdk_tools_with_a_typed_output(server):
     result = agents.Runner.run_sync(agent, WEATHER_AS_JSON)
     assert cities == ["Paris"]
     assert result.final_output == Weather(city="Paris", temperature_c=17.0)
+    assert len(traffic.sent) == 2
+    for body in traffic.sent:  # the typed agent's usual request: tools in auto mode beside a response_format
+        assert tools_of(body) == ["get_weather"] and body.get("tool_choice", "auto") == "auto"
+        assert body["response_format"]["type"] == "json_schema"
+    first, second = (r["choices"][0] for r in traffic.got)
+    assert first["finish_reason"] == "tool_calls" and first["message"]["tool_calls"][0]["function"]["name"] == \
+        "get_weather"
+    assert second["finish_reason"] == "stop" and json.loads(second["message"]["content"]) == \
+        {"city": "Paris", "temperature_c": 17.0}
 
 
 def test_langgraph_react_agent_calls_the_tool_and_answers_with_its_result(server):

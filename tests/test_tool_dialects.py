@@ -382,3 +382,29 @@ def test_sampled_parallel_calls_follow_the_targets_constrained_joint(tokenizer, 
         row += (tok.eos_token_id,) if len(row) < length and row[-1:] != (tok.eos_token_id,) else ()
         observed[index.get(row, len(joint))] += 1
     assert_matches(observed, list(joint.values()) + [0.0], min_p=1e-4)
+
+
+ANSWER = {"type": "object", "properties": {"city": {"type": "string"}, "temperature_c": {"type": "number"}},
+          "required": ["city", "temperature_c"], "additionalProperties": False}
+
+
+def test_auto_with_a_response_format_allows_calls_or_that_json_only(setup):
+    """An agent with tools and a typed output (the Agents SDK sends both): under auto the answer is calls, or the
+    response_format's JSON read as content; free text, JSON of another shape and text before a call are refused.
+    required ignores the answer's schema (calls only)."""
+    name, tok = setup
+    fmt = _format(tok, "auto", answer=ANSWER)
+    compiled = _compiled(tok, fmt.grammar())
+    typed = '{"city": "Paris", "temperature_c": 21.5}'
+    assert _allows(tok, compiled, typed) and _allows(tok, compiled, typed.replace(" ", ""))
+    parser = _read(fmt, typed)
+    assert parser.content == typed and not parser.calls
+    call = _written(tok, name, [("get_weather", {"city": "Paris", "unit": "c"})])
+    assert _allows(tok, compiled, call)
+    assert [c.name for c in _read(fmt, call).calls] == ["get_weather"]
+    if name != "mistral":  # its marker is a hidden special token: no start forms to fall back on
+        assert _allows(tok, compiled, FENCED) and [c.name for c in _read(fmt, FENCED).calls] == ["get_weather"]
+    for refused in ("It is 21 C in Paris.", '{"town":"Paris"}', "Sure. " + call):
+        assert not _allows(tok, compiled, refused), refused
+    assert _allows(tok, _compiled(tok, _format(tok, "auto").grammar()), "It is 21 C in Paris.")
+    assert _format(tok, "required", answer=ANSWER).grammar() == _format(tok, "required").grammar()

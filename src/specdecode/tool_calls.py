@@ -55,14 +55,15 @@ def template_supports_tools(tokenizer) -> bool:
 
 
 def tool_format(tokenizer, tools: list[Tool], choice: str, parallel: bool = True, max_calls: int | None = None,
-                strict: bool = False) -> ToolFormat:
+                strict: bool = False, answer: dict | None = None) -> ToolFormat:
     """The answer's format for these tools on this tokenizer's template (ToolError if it has no tool format):
     strict keeps only the template's own form (no fenced or bare JSON at the start of the answer); max_calls caps
-    the calls of one answer (None: the number of tools)."""
+    the calls of one answer (None: the number of tools); answer: a response_format's JSON Schema, which an answer
+    that is no call follows (under auto)."""
     dialect = dialect_of(tokenizer)
     if dialect is None:
         raise ToolError("the chat template has no tool format", "tools")
-    return ToolFormat.of(tokenizer, dialect, tools, choice, parallel, max_calls, strict)
+    return ToolFormat.of(tokenizer, dialect, tools, choice, parallel, max_calls, strict, answer)
 
 
 # ------------------------------------------------------------------------------------------------ the request

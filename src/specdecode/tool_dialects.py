@@ -17,7 +17,9 @@ braces of Qwen's system-prompt example, with "arguments" or "parameters" and any
 Under tool_choice "auto" the model's own tokens decide whether an answer is a call: free text is any text that
 neither contains the dialect's marker nor starts with a start form's opening up to a declared tool's name (so
 ordinary JSON in an answer stays text); once a marker or such an opening is written, the rest is constrained to
-valid calls. "required" allows calls only, a named function one call of it. After a call comes another call or
+valid calls. With a response_format as well (an agent with tools and a typed output), the answer under auto is
+either calls or the JSON that format asks for, never free text. "required" allows calls only, a named function
+one call of it. After a call comes another call or
 the end; calls are capped (parallel_tool_calls false: one; else max_calls, by default the number of tools) and,
 with more than one allowed, a call identical to an earlier one is refused (distinct_calls.py).
 
@@ -53,6 +55,17 @@ def layout(schema: dict, defaults: dict) -> dict:
     out.setdefault("type", "object")
     out["x-guidance"] = {**defaults, **(schema.get("x-guidance") or {})}
     return out
+
+
+def _plain(schema: dict) -> dict:
+    return {key: value for key, value in schema.items() if key != "x-guidance"}
+
+
+def _refers(schema) -> bool:
+    """Whether a schema uses "$ref" anywhere (to definitions that only resolve from its own root)."""
+    if isinstance(schema, dict):
+        return "$ref" in schema or any(_refers(v) for v in schema.values())
+    return isinstance(schema, list) and any(_refers(v) for v in schema)
 
 
 def opening(shapes, names: list[str]) -> Pattern:
@@ -238,17 +251,20 @@ class ToolFormat:
     strict: bool
     terms: tuple  # (marker text, its Lark term) for this tokenizer
     hidden: bool = False
+    answer: str | None = None  # auto with a response_format: the JSON Schema (text) a content answer follows
 
     @classmethod
     def of(cls, tokenizer, dialect: Dialect, tools, choice: str, parallel: bool = True,
-           max_calls: int | None = None, strict: bool = False) -> "ToolFormat":
+           max_calls: int | None = None, strict: bool = False, answer: dict | None = None) -> "ToolFormat":
         named = choice not in ("auto", "required")
         allowed = tuple(t for t in tools if t.name == choice) if named else tuple(tools)
         cap = 1 if named or not parallel else (max_calls or len(tools))
         cap = min(cap, dialect.max_calls or cap)
         terms = tuple((m, marker_term(tokenizer, m)) for m in dialect.markers())
         hidden = dialect.marker is not None and _hidden(tokenizer, dialect.marker)
-        return cls(dialect, allowed, choice, cap, strict, terms, hidden)
+        # the layout of the start forms (bounded free whitespace): a call object may be written in it as well
+        answer = json.dumps(layout(answer, FREE_LAYOUT)) if answer is not None and choice == "auto" else None
+        return cls(dialect, allowed, choice, cap, strict, terms, hidden, answer)
 
     @property
     def marker_is_token(self) -> bool:
@@ -260,17 +276,38 @@ class ToolFormat:
         for i, tool in enumerate(self.tools if native else ()):
             native.append(f"args_{i}: %json {json.dumps(layout(tool.parameters, STRICT_LAYOUT))}")
         shapes = self.dialect.shapes(self.strict)
+        answer = []
+        if self.answer:  # the grammar engine's lexer cannot take an opening and the answer's JSON both from "{":
+            answer = [f"answer: %json {json.dumps(self._answer((False, 'object') in shapes))}"]  # bare calls in it
+            clash = ("list",) if json.loads(self.answer)["type"] == "array" else ("object", "double")
+            shapes = tuple((fence, kind) for fence, kind in shapes if fence or kind not in clash)
         forms = self._forms(shapes) if shapes else []
-        body = ["TEXT"] if self.choice == "auto" else []
+        # auto: free text, or with a response_format the answer's JSON (no text before a call then)
+        body = [] if self.choice != "auto" else ["answer"] if self.answer else ["TEXT"]
         if native:
-            text_first = body and self.marker_is_token and not self.hidden
+            text_first = body == ["TEXT"] and self.marker_is_token and not self.hidden
             body.append("TEXT? native" if text_first else "native")
         if forms:
             body.append("forms")
         head = [DISTINCT_CALLS] if self.max_calls > 1 else []
         start = "start: think? body" if self.dialect.think else "start: body"
         return "\n".join(head + [start, "body: " + " | ".join(body), *native, *forms, *self._think(terms),
-                                 *(self._text() if self.choice == "auto" else [])])
+                                 *(self._text() if body[:1] == ["TEXT"] else []),
+                                 *answer])
+
+    def _answer(self, bare_calls: bool) -> dict:
+        """The JSON an answer under auto with a response_format may be: that format's, or (bare_calls) a call
+        object as a start form writes it, which the parser reads as a call. Tools whose schemas refer to their own
+        definitions are left to the other forms (their references would not resolve here)."""
+        answer = json.loads(self.answer)
+        hoisted = {key: answer.pop(key) for key in ("$defs", "definitions") if key in answer}
+        calls = [{"type": "object", "properties": {"name": {"const": tool.name}, key: _plain(tool.parameters)},
+                  "required": ["name", key], "additionalProperties": False}
+                 for tool in (self.tools if bare_calls else ()) if not _refers(tool.parameters)
+                 for key in self.dialect.keys(self.strict)]
+        layout_ = answer.pop("x-guidance")
+        return {"anyOf": [answer, *calls], **hoisted, "x-guidance": layout_} if calls else \
+            {**answer, **hoisted, "x-guidance": layout_}
 
     def parser(self) -> ToolCallParser:
         shapes = self._read_shapes()

@@ -199,9 +199,6 @@ def _tools(body, served: ServedModel, settings: ServerSettings) -> Tools | None:
         raise bad_request(str(exc), exc.param) from None
     if choice in (None, "none"):
         return None
-    if body.response_format is not None and body.response_format.type != "text":
-        raise bad_request("response_format and tools cannot be combined: give the answer's schema as a tool's "
-                          "parameters, or set tool_choice \"none\"", "response_format")
     if not template_supports_tools(served.tokenizer):
         raise bad_request(f"the chat template of the model {served.name!r} has no tool format (it does not show "
                           f"tools to the model, or writes calls in none of the known dialects: Hermes/Qwen2.5 "
@@ -209,8 +206,13 @@ def _tools(body, served: ServedModel, settings: ServerSettings) -> Tools | None:
                           f"model whose template has one", "tools", "tools_not_supported")
     extension = getattr(body, "specdecode", None)
     strict = settings.strict_tool_calls or bool(extension and extension.strict_tool_calls)
-    fmt = tool_format(served.tokenizer, tools, choice, body.parallel_tool_calls is not False,
-                      settings.max_tool_calls or None, strict)
+    answer = _response_format(body)  # an agent's typed output: an answer that is no call follows it
+    answer = {"type": "object"} if answer.get("json_object") else answer.get("json_schema")
+    try:
+        fmt = tool_format(served.tokenizer, tools, choice, body.parallel_tool_calls is not False,
+                          settings.max_tool_calls or None, strict, answer)
+    except ToolError as exc:
+        raise bad_request(str(exc), exc.param) from None
     return Tools([t.rendered() for t in tools], choice, fmt.grammar(), fmt)
 
 
