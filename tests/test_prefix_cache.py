@@ -66,7 +66,9 @@ def test_llamacpp_cached_prefix_gives_the_cold_prefills_numbers(smol_path, lengt
 def test_llamacpp_reusable_prefix_keeps_the_cold_runs_last_forward(smol_path):
     backend = _llama(smol_path).target
     n_batch = backend._shared.n_batch
-    assert backend.reusable_prefix(930, 900, 256) == 832  # last forwards [768, 930) and [832, 930): both tiled
+    # with a budget a prefill's last forward starts at the prompt's last multiple of 64 (the session cuts it there)
+    assert backend.reusable_prefix(930, 900, 256) == 896  # the cold run's last forward [896, 930), again
+    assert backend.reusable_prefix(483, 482, 256) == 448  # a turn re-sending 482 tokens: 35 prefilled again
     assert backend.reusable_prefix(1299, 1276, 256) == 1216  # [1216, 1280) then [1280, 1299), the cold run's last
     assert backend.reusable_prefix(520, 519, None) == 512  # cold ends with [512, 520): only that forward again
     assert backend.reusable_prefix(700, 699, None) == 576  # [512, 700) cold; [576, 700) warm (>= 64 tokens)

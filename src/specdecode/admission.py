@@ -132,9 +132,18 @@ class Admission:
 
         Worked example, a budget of 8 tokens per step: a row joining alone with 5 of its 18 prompt tokens cached
         (13 columns left) prefills 3 columns (prompt positions 5..7, ending where a cold prefill's first forward
-        ends), then 8 (8..15), then 2 (16..17). Several rows joining together take budget // rows columns a step."""
+        ends), then 8 (8..15), then 2 (16..17). Several rows joining together take budget // rows columns a step.
+        A backend whose forwards' numbers depend on their size (llama.cpp: prefill_tile 64) also has a row's last
+        forward start at the prompt's last multiple of its tile, so that a later prompt re-sending this one (the
+        next turn of a chat) takes all of it but that forward from the cache and still computes what a cold
+        prefill would (LlamaCppBackend.reusable_prefix): fewer than 64 tokens again, not 64 to 127."""
         step = max(1, self.prefill_tokens_per_step // rows) if self.prefill_tokens_per_step else left + position
-        return min(left, step - position % step if rows == 1 else step)
+        columns = min(left, step - position % step if rows == 1 else step)
+        tile = getattr(self.target, "prefill_tile", None)
+        if tile and rows == 1 and self.prefill_tokens_per_step and columns == left:
+            tail = (position + left - 1) // tile * tile - position  # where the last forward starts
+            columns = tail if 0 < tail < left else columns
+        return columns
 
     def _join(self, rows: list[Row], fork, ids, valid, logits, hidden) -> list[TokenEvent]:
         """Prefilled rows draw their first token from the prompt's last logits and join the running batch."""

@@ -40,7 +40,7 @@ import torch
 from . import register_backend
 from ..token_tree import children, depths
 from .llamacpp_context import _Context, _ParkedSequence, _RunningSequence, _end_of_generation_ids, _open
-from .llamacpp_layout import chunks, layout, reusable_prefix
+from .llamacpp_layout import FA_TILE, chunks, layout, reusable_prefix
 
 INSTALL_HINT = ('the llama.cpp backend needs llama-cpp-python: pip install -e ".[llamacpp]" '
                 '(builds from source: needs cmake and a C++ compiler; a few minutes with the CMAKE_ARGS of the README)')
@@ -357,6 +357,10 @@ class LlamaCppBackend:
                 lib.llama_memory_seq_rm(memory, t, -1, -1)
             self._lengths[b] = kept
         self._tree = []
+
+    # A session with a prefill budget ends a row's prefill with a forward from the prompt's last multiple of this
+    # (admission.py), so that a later prompt re-sending it reuses all but that forward, bit for bit
+    prefill_tile = FA_TILE
 
     def reusable_prefix(self, length: int, matched: int, budget: int | None) -> int:
         """The longest cached prefix after which a single row's prefill meets a cold prefill's kernels

@@ -100,7 +100,9 @@ def reusable_prefix(length: int, matched: int, budget: int | None, n_batch: int)
     """The longest cached prefix (a multiple of FA_TILE, at most `matched`, leaving at least the last token)
     after which a single row's prefill runs its last forward through the same kernels as a cold prefill: the
     same last forward, or both last forwards of at least FA_TILE tokens (every other forward holds a multiple
-    of FA_TILE tokens: the tiled kernel, whole groups of 4 rows). budget: tokens per prefill forward."""
+    of FA_TILE tokens: the tiled kernel, whole groups of 4 rows). budget: tokens per prefill forward; with one,
+    a prefill's last forward starts at the prompt's last multiple of FA_TILE (the session cuts it there:
+    prefill_tile), so a turn re-sending a cached prompt prefills fewer than FA_TILE tokens again."""
     if budget is not None and budget % FA_TILE:
         return 0
     cold = _last_forward_start(0, length, budget, n_batch)
@@ -113,10 +115,11 @@ def reusable_prefix(length: int, matched: int, budget: int | None, n_batch: int)
 
 def _last_forward_start(start: int, length: int, budget: int | None, n_batch: int) -> int:
     """Where the last prefill forward of positions [start, length) begins: forwards are cut at multiples of
-    `budget` (the session's prefill chunks) and of n_batch (the backend's, chunks), counted from position 0."""
+    `budget` (the session's prefill chunks) and of n_batch (the backend's, chunks), counted from position 0, and
+    with a budget also at the last multiple of FA_TILE (the session's prefill_tile cut)."""
     cuts = [start, (length - 1) // n_batch * n_batch]
     if budget:
-        cuts.append((length - 1) // budget * budget)
+        cuts += [(length - 1) // budget * budget, (length - 1) // FA_TILE * FA_TILE]
     return max(c for c in cuts if c < length)
 
 
