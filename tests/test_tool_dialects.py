@@ -408,3 +408,7 @@ def test_auto_with_a_response_format_allows_calls_or_that_json_only(setup):
         assert not _allows(tok, compiled, refused), refused
     assert _allows(tok, _compiled(tok, _format(tok, "auto").grammar()), "It is 21 C in Paris.")
     assert _format(tok, "required", answer=ANSWER).grammar() == _format(tok, "required").grammar()
+    nested = {"type": "object", "properties": {"place": {"$ref": "#/$defs/Place"}}, "required": ["place"],
+              "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    compiled = _compiled(tok, _format(tok, "auto", answer=nested).grammar())  # a pydantic model's $defs resolve
+    assert _allows(tok, compiled, '{"place": {"city": "Paris"}}') and not _allows(tok, compiled, '{"place": 3}')

@@ -278,8 +278,9 @@ class ToolFormat:
         shapes = self.dialect.shapes(self.strict)
         answer = []
         if self.answer:  # the grammar engine's lexer cannot take an opening and the answer's JSON both from "{":
-            answer = [f"answer: %json {json.dumps(self._answer((False, 'object') in shapes))}"]  # bare calls in it
-            clash = ("list",) if json.loads(self.answer)["type"] == "array" else ("object", "double")
+            schema = json.loads(self.answer)
+            clash = ("list",) if schema["type"] == "array" else ("object", "double")
+            answer = [f"answer: %json {json.dumps(self._answer(schema, (False, 'object') in shapes))}"]
             shapes = tuple((fence, kind) for fence, kind in shapes if fence or kind not in clash)
         forms = self._forms(shapes) if shapes else []
         # auto: free text, or with a response_format the answer's JSON (no text before a call then)
@@ -295,19 +296,18 @@ class ToolFormat:
                                  *(self._text() if body[:1] == ["TEXT"] else []),
                                  *answer])
 
-    def _answer(self, bare_calls: bool) -> dict:
+    def _answer(self, answer: dict, bare_calls: bool) -> dict:
         """The JSON an answer under auto with a response_format may be: that format's, or (bare_calls) a call
         object as a start form writes it, which the parser reads as a call. Tools whose schemas refer to their own
         definitions are left to the other forms (their references would not resolve here)."""
-        answer = json.loads(self.answer)
-        hoisted = {key: answer.pop(key) for key in ("$defs", "definitions") if key in answer}
         calls = [{"type": "object", "properties": {"name": {"const": tool.name}, key: _plain(tool.parameters)},
                   "required": ["name", key], "additionalProperties": False}
                  for tool in (self.tools if bare_calls else ()) if not _refers(tool.parameters)
                  for key in self.dialect.keys(self.strict)]
-        layout_ = answer.pop("x-guidance")
-        return {"anyOf": [answer, *calls], **hoisted, "x-guidance": layout_} if calls else \
-            {**answer, **hoisted, "x-guidance": layout_}
+        if not calls:
+            return answer
+        top = {key: answer.pop(key) for key in ("$defs", "definitions", "x-guidance") if key in answer}
+        return {"anyOf": [answer, *calls], **top}  # the answer's definitions and layout stay at the root
 
     def parser(self) -> ToolCallParser:
         shapes = self._read_shapes()
