@@ -77,7 +77,9 @@ def load_model(name_or_path, device: str = "cpu", dtype="auto", trust_remote_cod
     max_rows: rows the model must decode at once (a server's batch): llama.cpp is built with that many sequences
     (default 1, and a batch of more rows is refused); the other backends take any batch and ignore it.
     exact_greedy: on llama.cpp, verify in forwards of at most 3 tokens (its kernels for 4 or more tokens round
-    differently), so that greedy output is token-for-token llama.cpp's own; slower. No effect elsewhere.
+    differently) and, on 2+ threads, of one token from position 256 on (where llama.cpp's one-token step splits
+    its attention between threads), so that greedy output is token-for-token llama.cpp's own; slower. No effect
+    elsewhere.
     token_trees: the model will verify token trees (--tree-width > 1): llama.cpp is then built with one KV stream
     for all rows and spare sequences for the branches; transformers verifies trees as it is.
     huge_pages: on llama.cpp, collapse the memory it allocated for the model into transparent huge pages, in a

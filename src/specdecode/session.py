@@ -237,6 +237,9 @@ class DecodingSession(Admission):
         grammar forces tokens verify those instead (certain drafts, free). Also whether K is the policy's trial."""
         rows = self.active
         caps = [0 if f else r.remaining - 1 for r, f in zip(rows, forced)]
+        alone_from = getattr(self.target, "single_token_from", None)
+        if alone_from is not None:  # past it each draft would cost a forward of its own (llama.cpp's exact mode)
+            caps = [min(c, max(0, alone_from - 1 - n)) for c, n in zip(caps, self.target.lengths)]
         widest = max([self.policy.max_k] + [r.fixed_k or 0 for r in rows])
         if self.drafter is None or widest == 0 or max(caps) <= 0:
             return [0] * len(rows), False

@@ -17,7 +17,8 @@ class ModelBackend(Protocol):
     device: torch.device
     max_positions: int | None  # the model's context length, when known
     # Optional attributes, read through the functions below with their defaults: eos_token_ids (set[int]),
-    # max_rows (rows the cache holds at once; None: no limit), model (the underlying model object), name (str).
+    # max_rows (rows the cache holds at once; None: no limit), model (the underlying model object), name (str),
+    # single_token_from (the position from which a forward holds one token per row, so no draft pays; None: none).
 
     def reset(self, batch_size: int) -> None:
         """Start an empty cache for batch_size rows."""

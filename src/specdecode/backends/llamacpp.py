@@ -10,11 +10,15 @@ llama.cpp of llama-cpp-python 0.3.36; tests/test_llamacpp.py checks them):
 - Without flash attention, a token evaluated in a forward of 2 or more tokens gets different logits (up to ~1 on
   SmolLM2-135M) from the same token decoded alone. With flash attention (on by default here, as in llama.cpp's
   own tools; llama-cpp-python's Llama defaults to off) forwards of up to 3 tokens are bit for bit token-by-token
-  decoding; from 4 tokens on, weights repacked for x86 (Q4_0, Q4_K, IQ4_NL, ...) go through a matrix kernel that
-  differs by up to ~0.5. Either way the output is exactly the target's distribution as llama.cpp computes it for
-  that forward, but greedy output can then differ from llama.cpp's own. The exact mode, max_tokens_per_forward=3,
-  splits every verification (a forward that returns all positions) into forwards of at most 3 tokens, one row at
-  a time, which reproduces llama.cpp's token-by-token decoding bit for bit, at the price of more, smaller forwards.
+  decoding below position 256; from 4 tokens on, weights repacked for x86 (Q4_0, Q4_K, IQ4_NL, ...) go through a
+  matrix kernel that differs by up to ~0.5. From position 256 on, with 2 or more threads, a one-token step splits
+  its attention between the threads (llamacpp_layout.SPLIT_ATTENTION_FROM), which no longer forward does: there
+  only one-token forwards match. Either way the output is exactly the target's distribution as llama.cpp computes
+  it for that forward, but greedy output can then differ from llama.cpp's own. The exact mode,
+  max_tokens_per_forward=3, splits every verification (a forward that returns all positions) into forwards of at
+  most 3 tokens, one row at a time, and of one token from position 256 on (where the session then drafts
+  nothing), which reproduces llama.cpp's token-by-token decoding bit for bit, at the price of more, smaller
+  forwards; past position 256 it decodes as plain decoding does.
 - Prompts (forwards that only want the last position) go through llama.cpp's batched prefill, n_batch tokens at
   a time with the logits of the last token only, as llama-cpp-python's own generation does, so that both start
   from the same cache.
@@ -40,7 +44,7 @@ import torch
 from . import register_backend
 from ..token_tree import children, depths
 from .llamacpp_context import _Context, _ParkedSequence, _RunningSequence, _end_of_generation_ids, _open
-from .llamacpp_layout import FA_TILE, chunks, layout, reusable_prefix
+from .llamacpp_layout import FA_TILE, SPLIT_ATTENTION_FROM, chunks, layout, reusable_prefix
 
 INSTALL_HINT = ('the llama.cpp backend needs llama-cpp-python: pip install -e ".[llamacpp]" '
                 '(builds from source: needs cmake and a C++ compiler; a few minutes with the CMAKE_ARGS of the README)')
@@ -106,6 +110,10 @@ class LlamaCppBackend:
         self.max_positions = self._shared.max_positions
         self.max_rows = self._shared.n_seq
         self.max_tokens_per_forward = max_tokens_per_forward
+        # From this position on the exact mode verifies one token per forward (llamacpp_layout.SPLIT_ATTENTION_FROM),
+        # so a draft there costs a forward of its own and the session drafts none (session.py, _choose_k)
+        threads = lib.llama_n_threads(self._shared.ctx)
+        self.single_token_from = SPLIT_ATTENTION_FROM if max_tokens_per_forward is not None and threads > 1 else None
         self.eos_token_ids = _end_of_generation_ids(lib, vocab, self.n_vocab)
         self._seqs: list[int] = []
         self._lengths: list[int] = []
@@ -200,7 +208,7 @@ class LlamaCppBackend:
         if output_hidden:
             lib.llama_set_embeddings(shared.ctx, True)
         try:
-            parts = chunks(rows, pos, last_only, shared.n_batch, self.max_tokens_per_forward)
+            parts = chunks(rows, pos, last_only, shared.n_batch, self.max_tokens_per_forward, self.single_token_from)
             for part in parts:
                 shared.decode(tokens[part], pos[part], seq[part], outputs[part])
                 if valid is None and len(parts) == 1:  # every row took its width

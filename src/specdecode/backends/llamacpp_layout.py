@@ -15,6 +15,12 @@ import torch
 # at a time (the remainder through gemv). A cached prefix is reused in multiples of 64 tokens, and only where the
 # rest of the prompt then meets the same kernels as in a cold prefill (reusable_prefix).
 FA_TILE = 64
+# A one-token step splits its attention over the KV cells between its threads and merges their partial softmaxes
+# once the stream's padded KV reaches 512 cells (ggml's split-KV path: one query, f16 KV, n_kv >= 512, KV padded to
+# 256 cells), so from position 256 on with 2 or more threads; a forward of 2+ tokens never takes that path and
+# rounds differently there (up to ~0.5 in a logit on the default target). The exact mode feeds one token per
+# forward from this position on.
+SPLIT_ATTENTION_FROM = 256
 
 
 def layout(input_ids, valid: torch.Tensor | None, lengths: list[int], max_positions: int, n_vocab: int,
@@ -77,17 +83,21 @@ def check_tokens(tokens: np.ndarray, n_vocab: int) -> None:
 
 
 def chunks(rows: np.ndarray, pos: np.ndarray, last_only: bool, n_batch: int,
-           max_tokens_per_forward: int | None) -> list[slice]:
+           max_tokens_per_forward: int | None, single_from: int | None = None) -> list[slice]:
     """The llama_decode calls, as slices of the row-major tokens: n_batch tokens at a time; in the exact mode
     (max_tokens_per_forward set) one row at a time, and a verification (all positions wanted) by
-    max_tokens_per_forward tokens. A prefill (last_only) is also cut where a row reaches a multiple of n_batch, as a
-    cold prefill from position 0 is (llama-cpp-python's own chunks), so a row that starts from a cached prefix runs
-    the same forwards as a cold one from its next multiple of n_batch on."""
+    max_tokens_per_forward tokens, and by one token at positions from single_from on. A prefill (last_only) is also
+    cut where a row reaches a multiple of n_batch, as a cold prefill from position 0 is (llama-cpp-python's own
+    chunks), so a row that starts from a cached prefix runs the same forwards as a cold one from its next multiple of
+    n_batch on."""
     if len(rows) == 1:  # a plain step of one row: one call, nothing to cut
         return [slice(0, len(rows))]
     cuts = {0}
     if max_tokens_per_forward is not None:
         cuts.update(np.flatnonzero(np.diff(rows, prepend=-1)).tolist())
+        if single_from is not None and not last_only:
+            alone = np.flatnonzero(pos >= single_from)
+            cuts.update(alone.tolist(), (alone + 1).tolist())
     if last_only:
         cuts.update(np.flatnonzero((pos % n_batch == 0) & (pos > 0)).tolist())
     step = n_batch if last_only or max_tokens_per_forward is None else min(n_batch, max_tokens_per_forward)

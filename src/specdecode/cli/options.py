@@ -73,7 +73,9 @@ def _model_declarations(k_default: str, k_list: bool, draft_default: str = DEFAU
                                           "transformers). Default: llama.cpp every core, torch its own choice.")),
         "exact_greedy": (bool, option(False, "--exact-greedy", help="llama.cpp: verify in forwards of <= 3 tokens "
                                       "so greedy output is token-for-token llama.cpp's own (its kernels for 4+ "
-                                      "tokens round differently and can flip a near-tie); slower.")),
+                                      "tokens round differently and can flip a near-tie); slower. On 2+ threads "
+                                      "it speculates below position 256 only (llama.cpp's one-token step splits "
+                                      "its attention from there).")),
         "huge_pages": (bool, option(True, "--huge-pages/--no-huge-pages", help="llama.cpp: collapse the model's "
                                     "memory into transparent huge pages in the background (Linux; fewer TLB misses: "
                                     "~8% faster steps measured on a 1.5B model; the same outputs).")),
