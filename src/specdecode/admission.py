@@ -188,7 +188,8 @@ class Admission:
     def _park_joined(self, rows: list[Row], fork, keep: list[int]) -> None:
         """Rows that finished at their first token leave the fork before it merges; with a prefix cache their
         prompt's KV is parked, so that the same prompt next does not prefill again."""
-        gone = [i for i in range(len(rows)) if i not in set(keep)]
+        kept = set(keep)
+        gone = [i for i in range(len(rows)) if i not in kept]
         if self.prefix_cache is None or not gone:
             fork.select_rows(keep)
             return

@@ -217,7 +217,8 @@ class ModelDrafter(Drafter):
         self._prompt_lengths = []
 
     def select_rows(self, rows: list[int]) -> None:
-        gone = [b for b in range(len(self._pending)) if b not in set(rows)]
+        kept = set(rows)
+        gone = [b for b in range(len(self._pending)) if b not in kept]
         if self.prefix_cache is not None and gone:  # rows that leave park their KV for prompts that start the same
             # its drafts' KV came from 1-token forwards: only the prompt's is lent
             self.prefix_cache.park(self.backend, gone, [self._history[b] for b in gone],
