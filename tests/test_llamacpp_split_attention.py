@@ -15,6 +15,8 @@ import torch
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
+from test_llamacpp import llama_greedy  # noqa: E402
+
 from specdecode import PromptLookupDrafter, SpeculativeGenerator  # noqa: E402
 from specdecode.backends.llamacpp import LlamaCppBackend  # noqa: E402
 from specdecode.backends.llamacpp_layout import SPLIT_ATTENTION_FROM, chunks  # noqa: E402
@@ -43,15 +45,6 @@ def reference_llama(smol_path):
 def prompt(reference_llama):
     ids = reference_llama.tokenize(TEXT.encode()) * 30
     return ids[: SPLIT_ATTENTION_FROM - 16]
-
-
-def llama_greedy(llm, prompt: list[int], n: int) -> list[int]:
-    llm.reset()
-    tokens = []
-    for token in llm.generate(prompt, temp=0.0, top_k=1, repeat_penalty=1.0):
-        tokens.append(token)
-        if len(tokens) == n:
-            return tokens
 
 
 def token_by_token(backend, prompt, continuation) -> torch.Tensor:
