@@ -93,6 +93,8 @@ class DecodingSession(Admission):
         self.prefix_cache = None if self.hidden_wanted else gen.prefix_cache
         self.shares_prompts = caches_prefixes(self.target) and not self.hidden_wanted
         self.trees = verifies_trees(self.target) and not self.hidden_wanted
+        # past it each draft would cost a forward of its own (llama.cpp's exact mode): drafts are capped before it
+        self.single_token_from = getattr(self.target, "single_token_from", None)
         if self.trees and self.drafter is not None:  # a row's tree fits whatever the other rows' trees
             self.drafter.limit_tree_leaves(tree_leaves(self.target))
         # only drafts that all cost a model forward may settle the policy (policy.py, Settling)
@@ -237,9 +239,8 @@ class DecodingSession(Admission):
         grammar forces tokens verify those instead (certain drafts, free). Also whether K is the policy's trial."""
         rows = self.active
         caps = [0 if f else r.remaining - 1 for r, f in zip(rows, forced)]
-        alone_from = getattr(self.target, "single_token_from", None)
-        if alone_from is not None:  # past it each draft would cost a forward of its own (llama.cpp's exact mode)
-            caps = [min(c, max(0, alone_from - 1 - n)) for c, n in zip(caps, self.target.lengths)]
+        if self.single_token_from is not None:
+            caps = [min(c, max(0, self.single_token_from - 1 - n)) for c, n in zip(caps, self.target.lengths)]
         widest = max([self.policy.max_k] + [r.fixed_k or 0 for r in rows])
         if self.drafter is None or widest == 0 or max(caps) <= 0:
             return [0] * len(rows), False
