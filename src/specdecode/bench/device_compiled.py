@@ -56,6 +56,47 @@ def bytes_per_step(model, span: int) -> dict:
     return {"weights": weights, "kv": kv, "total": weights + kv}
 
 
+def step_profile(backend, context: int, vocab: int, steps: int = 5) -> dict:
+    """Where a warm 1-token step's time goes: wall time per step with a sync after each (what the loop pays), the
+    same steps queued back to back (the GPU's pace: below the first, the host is the limit), and the kernels the
+    profiler saw per step (count, busy time, the costliest). Kernels replayed from CUDA graphs are reported too."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    device = backend.device
+    backend.reset(1)
+    backend.forward(torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(5)).to(device),
+                    last_only=True)
+    base, ids = backend.lengths, torch.zeros(1, 1, dtype=torch.long, device=device)
+
+    def run(n: int, sync_each: bool) -> float:
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(n):
+            backend.forward(ids)
+            backend.trim(base)
+            if sync_each:
+                _sync(device)
+        _sync(device)
+        return (time.perf_counter() - start) / n
+
+    run(3, True)
+    out = {"synced_ms": 1000 * run(20, True), "queued_ms": 1000 * run(20, False)}
+    try:
+        activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
+        with profile(activities=activities) as prof:
+            run(steps, True)
+        kernels = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+        total = sum(e.self_device_time_total for e in kernels)
+        out.update(kernels_per_step=sum(e.count for e in kernels) / steps, kernel_ms_per_step=total / 1000 / steps,
+                   top=[{"kernel": e.key[:90], "per_step": e.count / steps,
+                         "ms_per_step": e.self_device_time_total / 1000 / steps}
+                        for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:8]])
+    except Exception as exc:  # noqa: BLE001 - the profile is a diagnosis; the timings above stand without it
+        out["profile_error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
 def _variant_row(model, size: str, variant: str, plan: Plan, deadline: Deadline, bandwidth: dict) -> dict:
     from specdecode.backends.static import StaticBackend
     from specdecode.bench.random_models import SHAPES
@@ -77,6 +118,8 @@ def _variant_row(model, size: str, variant: str, plan: Plan, deadline: Deadline,
            "bytes_per_step": nbytes, "span": span, **{f"floor_ms_{k}": 1000 * f for k, f in floors.items()}}
     floor = floors.get("nominal") or floors["measured_copy"]
     row.update(x_floor=t[1] / floor, bandwidth_share=floor / t[1])
+    if not deadline.passed():
+        row["profile"] = step_profile(backend, plan.context, SHAPES[size][5])
     return row
 
 
@@ -124,6 +167,16 @@ def render(result: dict, table) -> list[str]:
                    [[r["size"], r["variant"], r["warm_up_s"], f"{r['warmed_shapes']} ({r['left_cold']})",
                      r["step_ms"], r["verify_ms"], r["bytes_per_step"]["total"] / 1e9, r.get("floor_ms_nominal"),
                      r["floor_ms_measured_copy"], r["x_floor"], r["bandwidth_share"]] for r in result["rows"]])
+    profiled = [r for r in result["rows"] if r.get("profile")]
+    if profiled:
+        lines += ["", "Where a 1-token step's time goes (synced: a sync after each step; queued: steps back to back; "
+                      "kernels as the profiler saw them):", ""]
+        lines += table(["shape", "variant", "synced ms", "queued ms", "kernels per step", "kernel ms per step",
+                        "costliest kernel"],
+                       [[r["size"], r["variant"], r["profile"]["synced_ms"], r["profile"]["queued_ms"],
+                         r["profile"].get("kernels_per_step"), r["profile"].get("kernel_ms_per_step"),
+                         (r["profile"].get("top") or [{}])[0].get("kernel", r["profile"].get("profile_error"))]
+                        for r in profiled])
     lines += ["", "Draft cost ratio c:", ""]
     lines += table(["draft", "target", "variant", "c"],
                    [[x["draft"], x["target"], x["variant"], x["c"]] for x in result["c"]]) + [""]

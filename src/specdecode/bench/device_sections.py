@@ -48,15 +48,18 @@ class Plan:
     warmup_max_len: int | None = None  # its backends' max_len (None: the default, 4096 tokens)
     warmup_seconds: float = 60.0
     copy_bytes: int = 2**30  # the measured copy's size
+    overhead_compile: bool = False  # the overhead section's backends: StaticBackend(compile=True), warmed up first
+    overhead_warmup_seconds: float = 30.0  # each of its backends' warm-up bound (compiled only)
+    assisted: bool = True  # the overhead section's transformers assisted-generation row (batch 1)
 
     @classmethod
     def full(cls) -> "Plan":
         return cls(device="cuda", dtype="bfloat16", sizes=("0.5B", "1.5B", "7B"), batches=(1, 4, 16), max_n=16,
-                   context=128, repeats=7, target="1.5B", draft="0.5B", alphas=(0.6, 0.8, 0.9), fixed_k=4,
+                   context=128, repeats=7, target="7B", draft="0.5B", alphas=(0.6, 0.8, 0.9), fixed_k=4,
                    new_tokens=128, overhead_batches=(1, 4), llama_target="1.5B", llama_draft="0.5B",
                    llama_threads=min(16, os.cpu_count() or 1), llama_context=512,
-                   budgets={"environment": 20, "wheels": 20, "gpu_tests": 150, "costs": 110, "overhead": 150,
-                            "llamacpp": 100, "compiled": 240})
+                   budgets={"environment": 20, "wheels": 20, "gpu_tests": 120, "costs": 110, "overhead": 170,
+                            "llamacpp": 100, "compiled": 240}, overhead_compile=True, assisted=False)
 
     @classmethod
     def dry(cls) -> "Plan":
@@ -125,10 +128,10 @@ def _device(plan: Plan):
     return torch.device(plan.device)
 
 
-def _static(model, plan: Plan, rows: int, tokens: int):
+def _static(model, plan: Plan, rows: int, tokens: int, vocab: int | None = None, compile: bool = False):
     from specdecode.backends.static import StaticBackend
 
-    return StaticBackend(model, max_batch=rows, max_len=tokens + 64)
+    return StaticBackend(model, vocab_size=vocab, max_batch=rows, max_len=tokens + 64, compile=compile)
 
 
 # ---------------------------------------------------------------------------------------------- sections
@@ -272,13 +275,23 @@ def section_overhead(plan: Plan, deadline: Deadline) -> dict:
     # copying models: their greedy continuation survives half-precision rounding (random_models.build_qwen)
     target = build_qwen(plan.target, device, dtype, seed=0, copying=True)
     draft = build_qwen(plan.draft, device, dtype, seed=1, copying=True)
-    vocab = SHAPES[plan.target][5]
+    vocab = min(SHAPES[plan.target][5], SHAPES[plan.draft][5])  # the 7B shape's output layer has 128 more rows
     tokens = plan.context + plan.new_tokens + max_k + 2
-    rows, assisted = [], []
+    rows, assisted, warm_ups = [], [], []
+    # One backend per model for every batch size, as a server holds them: compiled graphs and CUDA graphs are per
+    # backend, so a backend per batch would compile again.
+    top = max(plan.overhead_batches)
+    target_backend = _static(target, plan, top, tokens, vocab, plan.overhead_compile)
+    draft_backend = _static(draft, plan, top, tokens, vocab, plan.overhead_compile)
+    if plan.overhead_compile:
+        for name, backend in (("target", target_backend), ("draft", draft_backend)):
+            start = time.perf_counter()
+            report = backend.warm_up(batches=plan.overhead_batches, seconds=plan.overhead_warmup_seconds,
+                                     log=None)
+            warm_ups.append({"model": name, "seconds": time.perf_counter() - start, "warmed": len(report.warmed),
+                             "left_cold": len(report.skipped), "compile_mode": backend.compile_mode})
     for batch in plan.overhead_batches:
         prompts = torch.randint(0, vocab, (batch, plan.context), generator=torch.Generator().manual_seed(3)).tolist()
-        target_backend = _static(target, plan, batch, tokens)
-        draft_backend = _static(draft, plan, batch, tokens)
         costs = forward_costs(target_backend, batch, plan.context, range(1, max_k + 2), plan.repeats, deadline, vocab)
         d1 = forward_costs(draft_backend, batch, plan.context, [1], plan.repeats, deadline, vocab)[1]
         v, c = {n: s / costs[1] for n, s in costs.items()}, d1 / costs[1]
@@ -314,11 +327,11 @@ def section_overhead(plan: Plan, deadline: Deadline) -> dict:
                              "same_as_plain": result.token_ids == record,
                              "off_record_tokens": drafters[-1].off_record, "c": c,
                              "v": {n: round(x, 4) for n, x in v.items()}})
-        if batch == 1 and not deadline.passed():
+        if batch == 1 and plan.assisted and not deadline.passed():
             assisted = _assisted(target, draft, prompts, plan, device, deadline)
-        del target_backend, draft_backend
     return {"target": plan.target, "draft": plan.draft, "dtype": plan.dtype, "new_tokens": plan.new_tokens,
-            "context": plan.context, "rows": rows, "assisted": assisted,
+            "context": plan.context, "compiled": plan.overhead_compile, "warm_ups": warm_ups, "rows": rows,
+            "assisted": assisted,
             "goal": "ratio = measured speedup / Leviathan's prediction >= 0.9"}
 
 
