@@ -193,7 +193,7 @@ def main() -> None:
         return
     settings = ServerSettings(max_batch_size=8, max_queue=32)
     if args.load:
-        from specdecode.pair import ModelOptions, load_pair, make_generator
+        from specdecode.pairing.pair import ModelOptions, load_pair, make_generator
 
         opts = ModelOptions(target=f"{args.load}/target", draft=f"{args.load}/draft", threads=1)
         target, draft = load_pair(opts, rows=settings.model_rows)

@@ -32,7 +32,7 @@ from specdecode.bench.serve_edit import DEFAULT_FOLLOW_UP
 from specdecode.drafters.base import MATCH_CLASSES, match_class
 from specdecode.drafters.suffix import SuffixDrafter, SuffixHistory
 from specdecode.models.prepare import prepare_gguf
-from specdecode.policy import AdaptivePolicy, Outcome, Outlook
+from specdecode.policy.choose import AdaptivePolicy, Outcome, Outlook
 
 MEASURED_V = "1,1.61,2.18,2.70,3.35,4.02,4.56,6.30,7.0"  # v(n) for n = 1..9, in single-token steps
 KMAX = 8

@@ -13,9 +13,9 @@ import time
 
 from transformers import AutoTokenizer
 
-from specdecode.constraints import ConstraintSpec, GrammarCompiler
+from specdecode.structured.constraints import ConstraintSpec, GrammarCompiler
 from specdecode.models import catalog
-from specdecode.tool_calls import parse_tools, tool_format
+from specdecode.structured.tool_calls import parse_tools, tool_format
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]},
                                             "days": {"type": "integer", "minimum": 1, "maximum": 7}},

@@ -21,7 +21,7 @@ import torch
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator, SuffixDrafter, load_model
 from specdecode.bench.prompts import load_prompts
 from specdecode.bench.serve_edit import DEFAULT_FOLLOW_UP
-from specdecode.token_tree import chain
+from specdecode.exact.token_tree import chain
 
 
 def chat(tokenizer, messages):

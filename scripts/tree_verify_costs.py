@@ -19,8 +19,8 @@ import torch
 
 from specdecode.backends.llamacpp import LlamaCppBackend
 from specdecode.models import catalog
-from specdecode.loading import locate_model
-from specdecode.token_tree import chain
+from specdecode.pairing.loading import locate_model
+from specdecode.exact.token_tree import chain
 
 
 def main():

@@ -11,7 +11,7 @@ import pytest
 
 from specdecode import AutoregressiveGenerator
 from specdecode.errors import OptionError
-from specdecode.prefix_cache import PrefixCache
+from specdecode.backends.prefix_cache import PrefixCache
 from specdecode.server import ServerSettings
 from test_server_helpers import metric, metric_values, openai_client, wait_until
 
@@ -185,7 +185,7 @@ def tool_servers(tokenizer):
 
 @pytest.mark.parametrize("mode", ["prefill", "lend"])
 def test_a_tool_call_written_otherwise_is_reused_as_the_template_writes_it(tool_servers, mode):
-    from specdecode.tool_calls import rendered_call
+    from specdecode.structured.tool_calls import rendered_call
     from test_server_helpers import MODEL
 
     tok, servers = tool_servers

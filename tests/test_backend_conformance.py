@@ -205,7 +205,7 @@ def test_a_fork_prefills_beside_the_running_rows_and_merges_after_them(case):
 def test_a_registered_backend_is_loadable_listed_and_chosen_by_auto(monkeypatch):
     from specdecode import backends
     from specdecode.cli.options import _backend_help
-    from specdecode.loading import load_model
+    from specdecode.pairing.loading import load_model
     from specdecode.models.sources import LoadedModel
 
     backends.registered_backends()  # this package's backends registered in the real registry, before the copy

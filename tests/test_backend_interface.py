@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from specdecode.bench.runner import Bench, BenchSettings, measure_costs, measure_latency
-from specdecode.engine import AutoregressiveGenerator, SpeculativeGenerator
+from specdecode.engine.generators import AutoregressiveGenerator, SpeculativeGenerator
 from specdecode.evals.verify import check_samples, exact_distribution, sample_speculative, verify_pair
-from specdecode.sampling import SamplingParams
+from specdecode.exact.sampling import SamplingParams
 
 VOCAB = 24
 PROMPT = [3, 7, 1, 12, 5]

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from specdecode.bench import stats as st
 from specdecode.bench.prompts import BUILTIN_SETS, load_builtin, load_file, load_prompts, parse_prompts
-from specdecode.results import Stats
+from specdecode.engine.results import Stats
 
 METHODS = ("specdecode-plain", "specdecode", "hf-plain", "hf-assisted")
 
@@ -137,7 +137,7 @@ def test_merge_stats_sums_counters():
 def test_merge_stats_of_real_calls(tiny_pair, tokenizer):
     """Whatever fields the engine's Stats carries (counts by K, the policy's report), merging two calls gives the
     counts of both and keeps what is not a count."""
-    from specdecode.engine import SpeculativeGenerator
+    from specdecode.engine.generators import SpeculativeGenerator
 
     gen = SpeculativeGenerator(tiny_pair[0], tiny_pair[1], num_speculative_tokens=2, tokenizer=tokenizer)
     calls = [gen.generate("def quicksort(arr):", max_new_tokens=n, temperature=0, ignore_eos=True).stats

@@ -88,7 +88,7 @@ def test_json_prompt_set_is_a_set_of_requests_with_valid_schemas():
 
 
 def test_json_set_compiles_for_our_grammar_engine_and_llama_cpp(tokenizer):
-    from specdecode.constraints import ConstraintSpec, GrammarCompiler
+    from specdecode.structured.constraints import ConstraintSpec, GrammarCompiler
 
     compiler = GrammarCompiler(tokenizer, len(tokenizer), eos_token_ids=[tokenizer.eos_token_id])
     prompts = load_builtin("json")
@@ -135,7 +135,7 @@ def test_validity_of_outputs(validator):
 def test_bench_runs_ours_under_each_prompts_schema(tiny_model_dirs):
     from specdecode.bench.runner import Bench, BenchSettings
     from specdecode.bench.workload import encode_prompts
-    from specdecode.loading import load_model
+    from specdecode.pairing.loading import load_model
 
     target = load_model(tiny_model_dirs["target"], threads=1, progress=False)
     draft = load_model(tiny_model_dirs["draft"], threads=1, progress=False)
@@ -163,7 +163,7 @@ def test_bench_runs_ours_unconstrained_on_the_json_prompts_when_asked(tiny_model
     end-of-generation token (not a fixed length), their texts checked like the others; only when named."""
     from specdecode.bench.runner import Bench, BenchSettings
     from specdecode.bench.workload import encode_prompts
-    from specdecode.loading import load_model
+    from specdecode.pairing.loading import load_model
 
     assert "specdecode-unconstrained" not in default_methods(True)
     assert plain_of("specdecode-unconstrained") == "specdecode-plain-unconstrained"

@@ -35,14 +35,14 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def tiny_target(tiny_model_dirs):
-    from specdecode.loading import load_model
+    from specdecode.pairing.loading import load_model
 
     return load_model(tiny_model_dirs["target"], threads=1, progress=False)
 
 
 @pytest.fixture(scope="module")
 def tiny_plan(tiny_target):
-    from specdecode.engine import AutoregressiveGenerator
+    from specdecode.engine.generators import AutoregressiveGenerator
 
     return build_turns(AutoregressiveGenerator(tiny_target), parse_sessions(TINY_SESSIONS, "tiny"), 12)
 
@@ -85,8 +85,8 @@ def test_session_files_and_their_errors(tmp_path):
 def test_later_turns_are_built_from_the_reference_answers(tiny_target, tiny_plan):
     """Turn 2 sends the history with the reference's (ours plain, greedy) answer; a regenerate sends turn 1's
     request again; every answer is the target's greedy one, stopped at its end of generation or max_new_tokens."""
-    from specdecode.chat import encode_chat
-    from specdecode.engine import AutoregressiveGenerator
+    from specdecode.text.chat import encode_chat
+    from specdecode.engine.generators import AutoregressiveGenerator
 
     plan, tok = tiny_plan, tiny_target.tokenizer
     assert plan.rows == [(0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2)]
@@ -114,8 +114,8 @@ def _bench(target, draft, plan, methods, runs=2, warmup=1, ks=("auto",)):
 
 def _suffix_model(dirs):
     """What --draft suffix+MODEL loads: a SuffixModelDrafter around MODEL."""
-    from specdecode.loading import load_model
-    from specdecode.pair import ModelOptions, with_suffix
+    from specdecode.pairing.loading import load_model
+    from specdecode.pairing.pair import ModelOptions, with_suffix
 
     return with_suffix(ModelOptions(draft="suffix+" + dirs["draft"]), load_model(dirs["draft"], threads=1,
                                                                                    progress=False))

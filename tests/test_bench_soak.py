@@ -47,7 +47,7 @@ def test_soak_on_the_tiny_models_finds_nothing_broken(tiny_pair, tokenizer, tmp_
 def test_soak_on_llama_cpp_with_a_suffix_draft_finds_nothing_broken(smol_path):
     """The llama.cpp backend (SmolLM2-135M, a suffix draft whose history is bounded), 15 s of the same load."""
     from specdecode.bench.soak import bench_soak
-    from specdecode.pair import ModelOptions, load_pair, make_generator
+    from specdecode.pairing.pair import ModelOptions, load_pair, make_generator
     from specdecode.server import ServerSettings, create_app
     from test_server_helpers import LiveServer
 

@@ -92,7 +92,7 @@ def test_help_lists_the_commands_and_options_once_declared():
 def test_k_values_are_parsed_by_speculation_parse():
     from specdecode.cli.options import parse_k, parse_k_list
     from specdecode.errors import OptionError
-    from specdecode.speculation import MAX_K
+    from specdecode.policy.speculation import MAX_K
 
     assert parse_k("auto") == "auto" and parse_k(" AUTO ") == "auto" and parse_k("3") == 3 and parse_k(0) == 0
     assert parse_k(str(MAX_K)) == MAX_K

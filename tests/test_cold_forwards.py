@@ -11,7 +11,7 @@ from specdecode.backends.base import cold_forwards
 from specdecode.backends.hf import HFBackend
 from specdecode.backends.static import StaticBackend
 from specdecode.drafters.model import ModelDrafter
-from specdecode.policy import AdaptivePolicy
+from specdecode.policy.choose import AdaptivePolicy
 
 
 class GraphLike(HFBackend):

@@ -1,4 +1,4 @@
-"""The grammar-constraint building block (specdecode.constraints) on the tiny real tokenizer of conftest.py.
+"""The grammar-constraint building block (specdecode.structured.constraints) on the tiny real tokenizer of conftest.py.
 
 A matcher's mask is what the decoding loop multiplies the target's and the draft's distributions by, so these
 tests hold it to the grammar token by token: valid answers stay allowed to the end, breaking tokens are refused,
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdecode.constraints import CompiledGrammar, ConstraintError, ConstraintSpec, GrammarCompiler
+from specdecode.structured.constraints import CompiledGrammar, ConstraintError, ConstraintSpec, GrammarCompiler
 
 INVOICE = {
     "type": "object",
@@ -366,7 +366,7 @@ def test_allowed_tokens_in_every_form_agree_with_the_mask(tokenizer, eos, extra)
     """The loop reads each position's TokenMask as bool (drafter), as an additive bias (the distributions) and
     token by token (allows): all three must say what mask() says, padded ids and the finished state included, and
     scores + bias must be scores.masked_fill(~mask, -inf) bit for bit."""
-    from specdecode.constraints import TokenMask
+    from specdecode.structured.constraints import TokenMask
 
     width = len(tokenizer) + extra
     compiler = GrammarCompiler.for_tokenizer(tokenizer, width, eos_token_ids=[eos])

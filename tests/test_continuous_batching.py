@@ -137,7 +137,7 @@ def test_a_row_can_fix_its_own_k_and_events_carry_the_step(models):
 def test_rows_leave_after_a_join_that_followed_plain_steps(models, monkeypatch):
     """Regression: a row joined after a speculative step, then plain steps, then an older row finished; the
     draft's per-proposal bookkeeping was stale and leaving crashed the engine (seen in `serve` under -k auto)."""
-    from specdecode.policy import AdaptivePolicy
+    from specdecode.policy.choose import AdaptivePolicy
 
     target, draft = models
     plan = [2]

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from specdecode.sampling import stream_seed
+from specdecode.exact.sampling import stream_seed
 
 from conftest import perturbed_copy, tiny_qwen
 from specdecode import AutoregressiveGenerator, PromptLookupDrafter, SpeculativeGenerator
-from specdecode.policy import AdaptivePolicy
-from specdecode.sampling import BatchSampling, RowGenerators, SamplingParams, coupled_choice
+from specdecode.policy.choose import AdaptivePolicy
+from specdecode.exact.sampling import BatchSampling, RowGenerators, SamplingParams, coupled_choice
 
 PROMPT = [11, 42, 7, 99, 5, 11, 42]
 

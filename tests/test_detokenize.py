@@ -6,7 +6,7 @@ hold the fast path to transformers' own decode, including special tokens and cha
 
 import random
 
-from specdecode.detokenize import IncrementalDetokenizer, _rust_decoder
+from specdecode.text.detokenize import IncrementalDetokenizer, _rust_decoder
 
 
 def _stream(tokenizer, ids, prompt):

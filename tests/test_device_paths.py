@@ -15,8 +15,8 @@ from conftest import perturbed_copy, tiny_qwen
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator
 from specdecode.backends.hf import HFBackend
 from specdecode.backends.static import StaticBackend
-from specdecode.rejection import verify, verify_greedy
-from specdecode.token_tree import verify_tree_greedy, verify_tree_sampled
+from specdecode.exact.rejection import verify, verify_greedy
+from specdecode.exact.token_tree import verify_tree_greedy, verify_tree_sampled
 
 DEVICE = torch.device(os.environ.get("SPECDECODE_TEST_DEVICE", "cpu"))
 if DEVICE.type == "cuda" and not torch.cuda.is_available():

@@ -17,8 +17,9 @@ import torch
 
 from conftest import perturbed_copy, tiny_qwen
 from reference import assert_matches, assert_uniform, exact_joint, hf_warp, pit_values, target_conditionals
-from specdecode import SpeculativeGenerator, rejection
-from specdecode.results import Stats
+from specdecode import SpeculativeGenerator
+from specdecode.exact import rejection
+from specdecode.engine.results import Stats
 
 VOCAB = 16
 PROMPTS = [[1, 2, 3, 4, 5], [7, 0]]  # ragged, and token id 0 is a real token
@@ -230,7 +231,7 @@ def test_adaptive_k_keeps_the_target_distribution(pair, method, monkeypatch):
 def _reproducible_unseeded_rows(monkeypatch, first: int = 10_000):
     """Unseeded rows stay unseeded for the engine (not coupled: the rejection sampler), but their generators get
     fixed seeds instead of fresh entropy: 28 chi-square checks at p > 1e-4 on fresh draws would fail ~0.3 % of runs."""
-    from specdecode.sampling import RowGenerators
+    from specdecode.exact.sampling import RowGenerators
 
     real, seeds = RowGenerators.__init__, itertools.count(first)
 
@@ -241,7 +242,7 @@ def _reproducible_unseeded_rows(monkeypatch, first: int = 10_000):
 
 
 def _random_k(monkeypatch, seed):
-    from specdecode.policy import AdaptivePolicy
+    from specdecode.policy.choose import AdaptivePolicy
 
     rng = random.Random(seed)
     monkeypatch.setattr(AdaptivePolicy, "choose", lambda self, rows, caps: rng.randint(0, max(caps)))
@@ -263,7 +264,7 @@ def test_seeded_rows_under_auto_follow_target_whatever_k(pair, monkeypatch, temp
 @pytest.mark.slow
 def test_the_check_catches_coupling_that_reuses_its_noise(pair, monkeypatch):
     """Power: noise drawn per step and reused (the reseed-per-step bug) instead of one vector per position."""
-    from specdecode.sampling import RowGenerators
+    from specdecode.exact.sampling import RowGenerators
 
     _random_k(monkeypatch, 1)
     monkeypatch.setattr(RowGenerators, "advance", lambda self, emitted: None)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from specdecode import draft_choice
-from specdecode.draft_choice import DraftCosts, choose_draft
-from specdecode.policy import SETTLED_STEPS, AdaptivePolicy
+from specdecode.pairing import draft_choice
+from specdecode.pairing.draft_choice import DraftCosts, choose_draft
+from specdecode.policy.choose import SETTLED_STEPS, AdaptivePolicy
 
 # The default pair on a 2-core AMD EPYC (shared/PERF_NOTES.md): c = 0.57, v(n) of the target's n-token forward.
 EPYC = DraftCosts(0.57, {1: 1.0, 2: 1.62, 3: 2.14, 4: 2.56, 5: 3.14, 7: 4.30, 9: 5.5})
@@ -71,7 +71,7 @@ class _CpuTarget:
 
 
 def _auto(monkeypatch, model="tiny-draft"):
-    from specdecode import pair
+    from specdecode.pairing import pair
 
     monkeypatch.setattr(pair, "auto_draft_model", lambda opts: model)
     return pair, pair.ModelOptions()
@@ -145,7 +145,7 @@ def test_a_measurement_whose_rounds_disagree_decides_this_run_only(costs_file, m
 
 def test_the_measurement_reports_whether_its_rounds_agreed(tiny_model_dirs):
     from specdecode import load_model
-    from specdecode.pair import measure_pair_costs
+    from specdecode.pairing.pair import measure_pair_costs
 
     target = load_model(tiny_model_dirs["target"], threads=1)
     draft = load_model(tiny_model_dirs["draft"], threads=1)
@@ -155,7 +155,7 @@ def test_the_measurement_reports_whether_its_rounds_agreed(tiny_model_dirs):
 
 
 def test_other_targets_have_no_auto_draft_model():
-    from specdecode.pair import ModelOptions, auto_draft_model
+    from specdecode.pairing.pair import ModelOptions, auto_draft_model
 
     assert auto_draft_model(ModelOptions(target="/some/dir")) is None
 

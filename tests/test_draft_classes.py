@@ -13,7 +13,7 @@ from conftest import tiny_qwen
 from reference import assert_first_tokens_follow_target
 from specdecode import AutoregressiveGenerator, PromptLookupDrafter, SpeculativeGenerator, SuffixDrafter
 from specdecode.drafters.base import match_class
-from specdecode.policy import AdaptivePolicy, Outcome, Outlook
+from specdecode.policy.choose import AdaptivePolicy, Outcome, Outlook
 
 # This project's 2-core CPU on llama.cpp: a forward of n tokens costs v(n) single-token steps (BENCHMARKS.md).
 V = {1: 1.0, 2: 1.61, 3: 2.18, 4: 2.70, 5: 3.35, 6: 4.02, 7: 4.56, 8: 5.1, 9: 5.6}

@@ -7,8 +7,8 @@ import itertools
 import pytest
 import torch
 
-from specdecode import sampling
-from specdecode.sampling import RowGenerators, stream_seed
+from specdecode.exact import sampling
+from specdecode.exact.sampling import RowGenerators, stream_seed
 
 from conftest import perturbed_copy, tiny_qwen
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator, VocabularyMismatchError, load_model

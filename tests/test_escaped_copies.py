@@ -21,7 +21,7 @@ from specdecode import SpeculativeGenerator
 from specdecode.drafters import ModelDrafter, SuffixDrafter, SuffixHistory, SuffixModelDrafter
 from specdecode.drafters.escaped_copies import EscapedCopies, escaped, escaped_texts, suffix_of
 from specdecode.server import ServerSettings, create_app
-from specdecode.tool_calls import HEAD, NAME_END, TAIL
+from specdecode.structured.tool_calls import HEAD, NAME_END, TAIL
 
 OLD = ('def mean(xs):\n    return sum(xs) / len(xs)\n\n\ndef label(x):\n    return "big" if x > 10 else "small"\n\n\n'
        'def path():\n    return "C:\\\\data\\\\in.txt"\n\n\ndef quote(s):\n    return "\\"" + s + "\\""\n')

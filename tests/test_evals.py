@@ -13,7 +13,7 @@ from specdecode.backends.hf import HFBackend
 from specdecode.evals import multiplication as mul
 from specdecode.evals.verify import (REST, check_samples, exact_distribution, sample_exact, sample_speculative,
                                      verify_pair)
-from specdecode.sampling import SamplingParams, logits_to_probs
+from specdecode.exact.sampling import SamplingParams, logits_to_probs
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def test_impossible_sample_fails(exact_target):
 
 
 def test_speculative_sampler_passes(tiny_pair, tokenizer, prompt_ids, one_thread):
-    from specdecode.engine import SpeculativeGenerator
+    from specdecode.engine.generators import SpeculativeGenerator
 
     gen = SpeculativeGenerator(tiny_pair[0], tiny_pair[1], num_speculative_tokens=2, tokenizer=tokenizer)
     report = verify_pair(gen, [prompt_ids], PARAMS, positions=4, samples=1500, batch_size=250, seed=11)
@@ -146,7 +146,7 @@ def test_speculative_sampler_passes(tiny_pair, tokenizer, prompt_ids, one_thread
 def test_every_sample_has_its_own_seed(tiny_pair, tokenizer, prompt_ids, one_thread):
     """The engine seeds row j of a call with seed + j, so the samples must not depend on how they are batched
     (batches seeded seed, seed + 1, ... would repeat each other's draws)."""
-    from specdecode.engine import SpeculativeGenerator
+    from specdecode.engine.generators import SpeculativeGenerator
 
     gen = SpeculativeGenerator(tiny_pair[0], tiny_pair[1], num_speculative_tokens=2, tokenizer=tokenizer)
     in_fours = sample_speculative(gen, prompt_ids, PARAMS, 3, 12, batch_size=4, seed=5).sequences
@@ -160,7 +160,7 @@ def _resample_from_p(draft_tokens, q, p, u, method="leviathan", num_drafts=None)
 
     rejection.verify's signature; u [B, K+1]: u[:, i] decides draft i, u[:, K] draws the next token.
     """
-    from specdecode.sampling import sample_with_uniforms
+    from specdecode.exact.sampling import sample_with_uniforms
 
     batch, k = draft_tokens.shape
     rows = torch.arange(batch)
@@ -176,8 +176,8 @@ def _resample_from_p(draft_tokens, q, p, u, method="leviathan", num_drafts=None)
 
 def test_verify_catches_the_resample_from_p_bug(tiny_pair, tokenizer, prompt_ids, monkeypatch, one_thread):
     """A plausible engine bug, patched into the loop: verify must FAIL it (the draft is never sampled directly)."""
-    import specdecode.engine as engine
-    import specdecode.verification as verification
+    import specdecode.engine.generators as engine
+    import specdecode.exact.verification as verification
 
     monkeypatch.setattr(verification, "verify", _resample_from_p)
     gen = engine.SpeculativeGenerator(tiny_pair[0], tiny_pair[1], num_speculative_tokens=2, tokenizer=tokenizer)
@@ -188,7 +188,7 @@ def test_verify_catches_the_resample_from_p_bug(tiny_pair, tokenizer, prompt_ids
 
 
 def test_greedy_reference_is_the_greedy_continuation(tiny_pair, tokenizer, prompt_ids, one_thread):
-    from specdecode.engine import SpeculativeGenerator
+    from specdecode.engine.generators import SpeculativeGenerator
 
     params = SamplingParams(temperature=0.0)
     exact = exact_distribution(HFBackend(tiny_pair[0], len(tokenizer)), prompt_ids, params, positions=3,

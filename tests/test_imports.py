@@ -152,17 +152,67 @@ def test_the_core_imports_neither_the_cli_nor_the_server():
     assert {m: d for m, d in wrong.items() if d} == {}
 
 
+# The package's layers, lowest first: a folder imports only itself and the layers below it (the front's folders,
+# last, may also import each other: the CLI runs the server and the benchmarks). At the top level only the package's
+# lazy names, `python -m specdecode` and the errors every layer raises.
+LAYERS = (
+    ("errors", "text", "exact"),  # tokens and text; the exact math
+    ("structured", "models", "policy"),  # grammars and tools; finding a model; the choice of K
+    ("backends",),  # running a model, its KV and parked prefixes
+    ("drafters",),
+    ("engine",),  # the generators, the session's step, rows, admission, results
+    ("pairing",),  # loading a model with its backend, target + draft, --draft auto
+    ("cli", "server", "bench", "evals"),
+)
+FRONT = LAYERS[-1]
+TOP_LEVEL = {"__init__", "__main__", "errors"}
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def _rank(folder: str) -> int:
+    return next(i for i, names in enumerate(LAYERS) if folder in names)
+
+
+def test_the_top_level_holds_only_the_package_names_errors_and_folders():
+    files = {p.stem for p in SRC.glob("*.py")}
+    folders = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert files <= TOP_LEVEL, sorted(files - TOP_LEVEL)
+    assert folders <= {name for names in LAYERS for name in names}, sorted(folders)
+
+
+def test_every_layer_imports_only_itself_and_the_layers_below():
+    graph = import_graph(type_checking=True)  # an annotation that names a layer above is an arrow up too
+    wrong = {}
+    for module, deps in graph.items():
+        mine = _layer(module)
+        if mine in (None, "__main__"):
+            continue
+        for dep in deps:
+            theirs = _layer(dep)
+            if theirs is None or theirs == mine or (mine in FRONT and theirs in FRONT):
+                continue
+            if _rank(theirs) >= _rank(mine):
+                wrong.setdefault(module, []).append(dep)
+    assert wrong == {}
+
+
+def test_the_layer_check_finds_an_arrow_up(tmp_path):
+    assert _rank("exact") < _rank("structured") < _rank("backends") < _rank("drafters") < _rank("engine")
+    assert _rank("engine") < _rank("pairing") < _rank("server")
+
+
 @pytest.mark.parametrize("lower, upper", [
-    ("specdecode.models", ("specdecode.backends", "specdecode.loading", "specdecode.pair", "specdecode.engine",
-                           "specdecode.session", "specdecode.drafters")),
-    ("specdecode.backends", ("specdecode.loading", "specdecode.pair", "specdecode.engine",
-                             "specdecode.session", "specdecode.drafters")),
-    ("specdecode.drafters", ("specdecode.loading", "specdecode.pair", "specdecode.engine",
-                             "specdecode.session")),
-    ("specdecode.sampling", ("specdecode.row_grammars", "specdecode.constraints", "specdecode.session")),
+    ("specdecode.models", ("specdecode.backends", "specdecode.pairing", "specdecode.engine", "specdecode.drafters")),
+    ("specdecode.backends", ("specdecode.pairing", "specdecode.engine", "specdecode.drafters")),
+    ("specdecode.drafters", ("specdecode.pairing", "specdecode.engine")),
+    ("specdecode.exact", ("specdecode.structured", "specdecode.engine")),
 ])
 def test_no_import_runs_back_up(lower, upper):
-    """Finding a model (models/) is below the backends, which are below the loader that picks one (loading.py) and
+    """Finding a model (models/) is below the backends, which are below the loader that picks one (pairing/) and
     below the loop; drafters below the loop; the sampler below the grammars."""
     graph = import_graph(type_checking=True)  # an annotation that names the layer above is an arrow up too
     wrong = {m: sorted(d for d in graph[m] if d.startswith(upper)) for m in graph if m.startswith(lower)}

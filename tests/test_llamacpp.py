@@ -400,8 +400,8 @@ def test_auto_falls_back_to_transformers_when_llama_cpp_is_missing(tiny_gguf, ti
 def test_a_built_in_draft_is_prepared_in_a_second_process_while_the_target_loads(smol_path, tmp_path, monkeypatch):
     import multiprocessing
 
-    from specdecode.loading import locate_model
-    from specdecode.pair import DEFAULT_TARGET, ModelOptions, draft_prepared_alongside
+    from specdecode.pairing.loading import locate_model
+    from specdecode.pairing.pair import DEFAULT_TARGET, ModelOptions, draft_prepared_alongside
 
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))  # the child inherits it
     monkeypatch.setattr(prepare, "_extract_tokenizer", lambda *a: pytest.fail("built here, not in the child"))

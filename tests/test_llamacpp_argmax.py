@@ -14,10 +14,10 @@ pytest.importorskip("llama_cpp")
 from test_registry import write_tiny_gguf  # noqa: E402
 
 from specdecode import PromptLookupDrafter, SpeculativeGenerator  # noqa: E402
-from specdecode import session as session_module  # noqa: E402
+from specdecode.engine import session as session_module  # noqa: E402
 from specdecode.backends.llamacpp import LlamaCppBackend  # noqa: E402
-from specdecode.engine import AutoregressiveGenerator  # noqa: E402
-from specdecode.sampling import greedy  # noqa: E402
+from specdecode.engine.generators import AutoregressiveGenerator  # noqa: E402
+from specdecode.exact.sampling import greedy  # noqa: E402
 
 PROMPTS = [[5, 77, 140, 9], [200, 3, 3, 41], [17, 18, 19, 20]]
 

@@ -9,9 +9,9 @@ import random
 import pytest
 import torch
 
-from specdecode.penalties import RowPenalties
-from specdecode.sampling import BatchSampling, SamplingParams
-from specdecode.token_tree import ancestors_mask
+from specdecode.exact.penalties import RowPenalties
+from specdecode.exact.sampling import BatchSampling, SamplingParams
+from specdecode.exact.token_tree import ancestors_mask
 
 V = 12
 

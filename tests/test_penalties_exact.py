@@ -21,7 +21,7 @@ from conftest import perturbed_copy, tiny_qwen
 from reference import hf_warp, pit_values
 from specdecode import AutoregressiveGenerator, PromptLookupDrafter, SpeculativeGenerator
 from specdecode.drafters.base import Drafter, Proposal
-from specdecode.penalties import RowPenalties
+from specdecode.exact.penalties import RowPenalties
 
 VOCAB = 16
 PROMPT = [1, 2, 3, 4, 1, 2]  # repeats: the repetition penalty sees the prompt
@@ -188,7 +188,7 @@ def assert_exact(model, per_setting, settings=SETTINGS, prompt=PROMPT) -> float:
 
 
 def _random_k(monkeypatch, seed):
-    from specdecode.policy import AdaptivePolicy
+    from specdecode.policy.choose import AdaptivePolicy
 
     rng = random.Random(seed)
     monkeypatch.setattr(AdaptivePolicy, "choose", lambda self, rows, caps: rng.randint(0, max(caps)))

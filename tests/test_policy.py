@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from specdecode.policy import PROBE_MAX, REFRESH_STEPS, AdaptivePolicy, FixedPolicy, make_policy
+from specdecode.policy.choose import PROBE_MAX, REFRESH_STEPS, AdaptivePolicy, FixedPolicy, make_policy
 
 CPU = {1: 1.0, 2: 1.39, 3: 1.40, 4: 1.42, 5: 1.82, 8: 2.6}  # a llama.cpp CPU: dips at 4 tokens
 

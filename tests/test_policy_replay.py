@@ -8,7 +8,7 @@ import importlib.util
 from pathlib import Path
 
 from specdecode.drafters.base import match_class
-from specdecode.policy import AdaptivePolicy, Outcome, Outlook
+from specdecode.policy.choose import AdaptivePolicy, Outcome, Outlook
 
 # The default target on this project's 2-core CPU: a forward of K + 1 tokens costs V[K] single-token steps
 # (BENCHMARKS.md, "Token trees"); a forward of 8 tokens jumps to 6.30.

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specdecode import AutoregressiveGenerator, PromptLookupDrafter, SpeculativeGenerator
-from specdecode.prefix_cache import MIN_REUSE, PrefixCache
+from specdecode.backends.prefix_cache import MIN_REUSE, PrefixCache
 
 RNG = np.random.default_rng(0)
 

@@ -105,7 +105,7 @@ def ray_url():
 def _deploy(tiny_model_dirs, url: str, replicas: int, routing: str) -> None:
     from ray import serve
 
-    from specdecode.pair import ModelOptions
+    from specdecode.pairing.pair import ModelOptions
     from specdecode.server import ServerSettings
     from specdecode.server.ray_serve import build_application, deployment_options, replica_config
     from test_server_helpers import wait_until

@@ -16,7 +16,7 @@ pytest.importorskip("ray")
 pytest.importorskip("ray.serve")
 
 from specdecode.errors import OptionError  # noqa: E402
-from specdecode.pair import ModelOptions  # noqa: E402
+from specdecode.pairing.pair import ModelOptions  # noqa: E402
 from specdecode.server import ServerSettings  # noqa: E402
 from specdecode.server.ray_serve import build_application, deployment_options, http_options, replica_config  # noqa: E402
 from test_server_helpers import one_torch_thread  # noqa: E402,F401  (an autouse fixture)

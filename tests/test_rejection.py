@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from reference import assert_matches
-from specdecode import rejection
-from specdecode.rejection import (acceptance_probability, residual_distribution, verify, verify_chen,
+from specdecode.exact import rejection
+from specdecode.exact.rejection import (acceptance_probability, residual_distribution, verify, verify_chen,
                                   verify_greedy, verify_leviathan)
 
 METHODS = ["leviathan", "chen"]

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import perturbed_copy, tiny_qwen
 from specdecode import PromptLookupDrafter, SpeculativeGenerator
-from specdecode.policy import AdaptivePolicy
+from specdecode.policy.choose import AdaptivePolicy
 
 PROMPTS = [[11, 42, 7, 99, 5, 11, 42], [3, 17, 2, 8], [50, 51, 52, 50, 51]]
 SETTINGS = [dict(temperature=0.0), dict(temperature=0.8, seed=7)]

@@ -7,7 +7,7 @@ import torch
 from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
-from specdecode.sampling import SamplingParams, greedy, logits_to_probs, sample, warp_logits
+from specdecode.exact.sampling import SamplingParams, greedy, logits_to_probs, sample, warp_logits
 
 
 def hf_warp(logits, temperature, top_k, top_p):

@@ -106,7 +106,7 @@ def test_logprobs_are_the_distribution_after_the_options(tiny_pair, prompts):
 def test_a_grammar_and_the_options_together(tiny_pair, tokenizer, prompts):
     """Under a regex, the samples follow normalise(formula(p) x mask), enumerated; greedy under a JSON schema is
     the same with speculation on and off."""
-    from specdecode.constraints import ConstraintSpec, GrammarCompiler
+    from specdecode.structured.constraints import ConstraintSpec, GrammarCompiler
 
     target, draft = tiny_pair
     regex, prompt = "[abc]{2}[de][abc]", prompts[1]
@@ -255,8 +255,8 @@ def test_verify_checks_the_options_and_fails_a_loop_that_drops_them(tiny_pair, t
     """`specdecode verify`'s reference applies the options along each prefix: the speculative samples pass it, and a
     loop whose verified positions ignore the penalties fails it."""
     from specdecode.evals.verify import verify_pair
-    from specdecode.penalties import RowPenalties
-    from specdecode.sampling import SamplingParams
+    from specdecode.exact.penalties import RowPenalties
+    from specdecode.exact.sampling import SamplingParams
 
     params = SamplingParams(1.0, 3, presence_penalty=2.0, repetition_penalty=2.0, min_p=0.05)
     prompt = tokenizer("def quicksort(arr):\n")["input_ids"]

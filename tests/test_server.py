@@ -14,7 +14,7 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from specdecode.chat import ChatTemplateError, NoChatTemplateError, encode_chat
+from specdecode.text.chat import ChatTemplateError, NoChatTemplateError, encode_chat
 from specdecode.server import ServerSettings, create_app, served_names
 from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixture)
 from test_server_helpers import chat_ids, openai_client

@@ -9,7 +9,7 @@ import pytest
 
 from specdecode.errors import OptionError
 from specdecode.server import ServerSettings
-from specdecode.speculation import MAX_K
+from specdecode.policy.speculation import MAX_K
 
 
 @pytest.mark.parametrize("field,value,message", [

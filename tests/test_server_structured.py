@@ -147,7 +147,7 @@ def test_an_answer_cut_by_max_tokens_ends_with_length(client):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_invalid_schema_is_a_400_naming_the_problem(server, engine, stream):
-    from specdecode.constraints import ConstraintError
+    from specdecode.structured.constraints import ConstraintError
 
     with pytest.raises(ConstraintError) as info:
         engine.request([1, 2], constraint=engine.constraint(json_schema=BAD_SCHEMA))

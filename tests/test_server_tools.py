@@ -233,7 +233,7 @@ def test_tools_beside_a_response_format_give_valid_calls_or_that_json(client, to
 
 
 def test_tools_are_shown_by_the_template_and_none_hides_them(client, tool_tokenizer):
-    from specdecode.chat import encode_chat
+    from specdecode.text.chat import encode_chat
 
     with_tools = _ask(client, tool_choice="required", max_tokens=1, temperature=0).usage.prompt_tokens
     without = _ask(client, tool_choice="none", max_tokens=1, temperature=0).usage.prompt_tokens
@@ -270,7 +270,7 @@ def test_a_full_loop_call_result_answer(client, tool_tokenizer, stream):
     assert isinstance(answer.message.content, str)
     # the prompt shows the call as the model wrote it: its arguments go to the template as JSON, and the template's
     # tojson writes them back the same
-    from specdecode.chat import encode_chat
+    from specdecode.text.chat import encode_chat
 
     shown = MESSAGES + [{"role": "assistant", "content": "", "tool_calls": [
         {"id": call.id, "type": "function", "function": {"name": name, "arguments": arguments}}]}, result]
@@ -344,7 +344,7 @@ def test_greedy_calls_equal_with_speculation_on_and_off(client):
 def test_seeded_sampled_calls_are_the_same_whatever_k_each_step_took(long_pair, tool_tokenizer, monkeypatch):
     import random
 
-    from specdecode.policy import AdaptivePolicy
+    from specdecode.policy.choose import AdaptivePolicy
 
     outputs, proposed = set(), 0
     with serve(long_pair, tool_tokenizer, k="auto", max_tokens_limit=400) as srv:
@@ -442,8 +442,8 @@ def test_the_default_pair_calls_a_tool_with_valid_arguments():
 def test_auto_allows_text_then_calls_where_the_marker_is_a_token(tool_tokenizer, markers):
     """Under "auto" the grammar allows text, calls, and (with `<tool_call>` a token of its own, as in Qwen2.5) text
     and then calls; never text after calls, nor an unknown tool."""
-    from specdecode.constraints import ConstraintSpec, GrammarCompiler
-    from specdecode.tool_calls import parse_tools, tool_format
+    from specdecode.structured.constraints import ConstraintSpec, GrammarCompiler
+    from specdecode.structured.tool_calls import parse_tools, tool_format
 
     eos = tool_tokenizer.convert_tokens_to_ids("<|endoftext|>")
     grammar = tool_format(tool_tokenizer, parse_tools(TOOLS), "auto", strict=True).grammar()
@@ -473,9 +473,9 @@ def test_sampled_calls_follow_the_targets_constrained_joint(tiny_pair, tokenizer
 
     from reference import assert_matches
     from specdecode import SpeculativeGenerator
-    from specdecode.constraints import ConstraintSpec
-    from specdecode.tool_calls import parse_tools
-    from specdecode.tool_dialects import Hermes, ToolFormat
+    from specdecode.structured.constraints import ConstraintSpec
+    from specdecode.structured.tool_calls import parse_tools
+    from specdecode.structured.tool_dialects import Hermes, ToolFormat
     from test_structured import constrained_joint
 
     tools = parse_tools([

@@ -170,7 +170,7 @@ def test_stats_record_the_k_chosen(models):
 def test_a_probe_bounds_the_catch_up_of_a_draft_far_behind(models, monkeypatch, joins_late):
     """A probe after many plain steps does not make the draft read every token it missed: rows further behind than
     `catch_up_window` restart from their last `catch_up_window` tokens. Greedy output is still the target's own."""
-    from specdecode.policy import AdaptivePolicy
+    from specdecode.policy.choose import AdaptivePolicy
 
     target, draft = models
     prompt = [5, 9, 2, 7, 1, 8, 3, 3, 4] * 3

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import perturbed_copy, tiny_qwen
 from specdecode import SpeculativeGenerator
-from specdecode.policy import AdaptivePolicy
+from specdecode.policy.choose import AdaptivePolicy
 
 PROMPTS = [[11, 42, 7, 99, 5], [3, 17, 2], [8, 8, 9, 100, 4, 4, 2], [50, 51], [60, 61, 62, 63]]
 

@@ -9,8 +9,8 @@ import torch
 from conftest import perturbed_copy, tiny_qwen
 from specdecode import SpeculativeGenerator
 from specdecode.drafters import DraftContext, ModelDrafter, as_drafter
-from specdecode.policy import FixedPolicy
-from specdecode.sampling import BatchSampling, SamplingParams
+from specdecode.policy.choose import FixedPolicy
+from specdecode.exact.sampling import BatchSampling, SamplingParams
 
 PROMPT = [11, 42, 7, 99, 5]
 

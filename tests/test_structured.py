@@ -14,9 +14,9 @@ import torch
 
 from reference import assert_matches, hf_warp
 from specdecode import AutoregressiveGenerator, PromptLookupDrafter, SpeculativeGenerator
-from specdecode.constraints import ConstraintError, ConstraintSpec, GrammarCompiler
+from specdecode.structured.constraints import ConstraintError, ConstraintSpec, GrammarCompiler
 from specdecode.drafters.base import Drafter, Proposal
-from specdecode.policy import AdaptivePolicy
+from specdecode.policy.choose import AdaptivePolicy
 
 SAMPLES = 3000
 MIN_P = 1e-4
@@ -154,7 +154,7 @@ def test_the_additive_mask_warps_exactly_like_masked_fill(top_k, top_p):
     """BatchSampling applies a grammar's mask by adding its additive form (branch-free): the scores must be those of
     masked_fill bit for bit, for a bool mask, its additive form and the drafter's mask alike, with greedy rows in
     the batch, and rows where top-k/top-p cut every allowed token fall back to warping the masked logits."""
-    from specdecode.sampling import BatchSampling, SamplingParams
+    from specdecode.exact.sampling import BatchSampling, SamplingParams
 
     torch.manual_seed(0)
     params = [SamplingParams(0.7, top_k, top_p), SamplingParams(0.0), SamplingParams(1.3, top_k, top_p)]

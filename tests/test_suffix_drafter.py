@@ -285,7 +285,7 @@ def test_a_rows_seeded_text_does_not_depend_on_the_other_rows_of_its_batch(small
     not for the row (it drafts from the documents there when it joined)."""
     earlier = AutoregressiveGenerator(small_target).generate([PROMPT] * 12, max_new_tokens=8, temperature=1.0,
                                                              seed=1, ignore_eos=True).token_ids
-    from specdecode.session import DecodingSession
+    from specdecode.engine.session import DecodingSession
 
     proposed = []  # per run, per session row index: its drafts, step by step
     real = DecodingSession._ask_drafter  # the step's call to the drafter (session.py: the propose phase)
@@ -343,7 +343,7 @@ def test_the_cli_drafts_with_suffix_and_equals_plain_decoding(tiny_model_dirs):
 
 
 def test_the_pair_options_build_a_suffix_drafter_with_its_history_budget():
-    from specdecode.pair import ModelOptions, load_draft
+    from specdecode.pairing.pair import ModelOptions, load_draft
 
     drafter = load_draft(ModelOptions(draft="suffix", suffix_history_tokens=123))
     assert isinstance(drafter, SuffixDrafter) and drafter.history.max_tokens == 123

@@ -23,10 +23,10 @@ from specdecode import (AutoregressiveGenerator, LoadedModel, SpeculativeGenerat
                         VocabularyMismatchError)
 from specdecode.errors import OptionError
 from specdecode.models.sources import ModelNotFoundError
-from specdecode.pair import ModelOptions, check_options, load_pair, make_generator
-from specdecode.policy import AdaptivePolicy
+from specdecode.pairing.pair import ModelOptions, check_options, load_pair, make_generator
+from specdecode.policy.choose import AdaptivePolicy
 from specdecode.drafters import DraftContext
-from specdecode.sampling import BatchSampling, SamplingParams
+from specdecode.exact.sampling import BatchSampling, SamplingParams
 
 TEXTS = ["def quicksort(arr):\n    if len(arr) <= 1:\n        return arr", "The quick brown fox",
          "import numpy as np\nfor i in range(10):"]

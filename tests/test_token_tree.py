@@ -15,7 +15,7 @@ from specdecode import AutoregressiveGenerator, SpeculativeGenerator, SuffixDraf
 from specdecode.backends.hf import HFBackend
 from specdecode.drafters.suffix_drafts import Draft, speculate_tree
 from specdecode.drafters.suffix_index import SEP
-from specdecode.token_tree import (ancestors_mask, chain, children, depths, verify_tree_greedy,
+from specdecode.exact.token_tree import (ancestors_mask, chain, children, depths, verify_tree_greedy,
                                    verify_tree_sampled)
 
 V = 5
@@ -334,7 +334,7 @@ def test_llamacpp_greedy_with_trees_is_llamacpps_own_token_for_token(smol_path):
 
 
 def test_padding_continues_the_last_node_and_adds_no_leaf():
-    from specdecode.token_tree import padded
+    from specdecode.exact.token_tree import padded
 
     def leaves(parents):
         kids = children(parents)
@@ -389,7 +389,7 @@ def test_llamacpp_rows_with_bushy_trees_keep_to_the_leaves_that_always_fit(smol_
 
 
 def test_the_pair_builds_llamacpp_for_trees_only_when_asked(smol_path):
-    from specdecode.pair import ModelOptions, load_target
+    from specdecode.pairing.pair import ModelOptions, load_target
 
     def target(**options):
         return load_target(ModelOptions(target=smol_path, threads=1, **options)).model
@@ -448,7 +448,7 @@ def test_model_draft_trees_sample_the_targets_joint(small_target, k, method, see
 
 def test_a_model_draft_tree_is_its_chain_and_the_next_best_first_tokens(tiny_pair):
     from specdecode.drafters import DraftContext
-    from specdecode.sampling import BatchSampling, SamplingParams
+    from specdecode.exact.sampling import BatchSampling, SamplingParams
 
     target, draft = tiny_pair
     drafter = _model_drafter(draft, 3)

@@ -67,13 +67,13 @@ def pair(setup):
 
 
 def _format(tok, choice="required", **kwargs):
-    from specdecode.tool_calls import parse_tools, tool_format
+    from specdecode.structured.tool_calls import parse_tools, tool_format
 
     return tool_format(tok, parse_tools(TOOLS), choice, **kwargs)
 
 
 def _compiled(tok, grammar: str):
-    from specdecode.constraints import ConstraintSpec, GrammarCompiler
+    from specdecode.structured.constraints import ConstraintSpec, GrammarCompiler
 
     return GrammarCompiler(tok, len(tok), eos_token_ids=[tok.eos_token_id]).compile(ConstraintSpec.of(grammar=grammar))
 
@@ -91,7 +91,7 @@ def _read(fmt, text: str):
 
 
 def test_each_template_has_its_dialect(setup, tokenizer):
-    from specdecode.tool_dialects import dialect_of
+    from specdecode.structured.tool_dialects import dialect_of
 
     name, tok = setup
     assert dialect_of(tok).name == name
@@ -132,7 +132,7 @@ def test_the_templates_own_calls_are_answers_the_grammar_allows_and_the_parser_r
 @pytest.mark.parametrize("strict", [True, False])
 def test_sampled_calls_are_valid_capped_distinct_and_end(setup, pair, strict):
     from specdecode import SpeculativeGenerator
-    from specdecode.chat import encode_chat
+    from specdecode.text.chat import encode_chat
 
     name, tok = setup
     fmt = _format(tok, strict=strict)
@@ -159,7 +159,7 @@ def test_sampled_calls_are_valid_capped_distinct_and_end(setup, pair, strict):
 
 def test_greedy_calls_equal_with_speculation_on_and_off(setup, pair):
     from specdecode import SpeculativeGenerator
-    from specdecode.chat import encode_chat
+    from specdecode.text.chat import encode_chat
 
     _, tok = setup
     grammar = _format(tok).grammar()
@@ -275,7 +275,7 @@ CALLS = ('<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</too
 
 
 def _parse(text: str, pieces: int):
-    from specdecode.tool_calls import ToolCallParser
+    from specdecode.structured.tool_calls import ToolCallParser
 
     parser, deltas = ToolCallParser(), []
     step = max(1, len(text) // pieces)
@@ -353,9 +353,9 @@ def test_sampled_parallel_calls_follow_the_targets_constrained_joint(tokenizer, 
 
     from reference import assert_matches
     from specdecode import SpeculativeGenerator
-    from specdecode.distinct_calls import DISTINCT_CALLS
-    from specdecode.tool_calls import parse_tools
-    from specdecode.tool_dialects import Hermes, ToolFormat
+    from specdecode.structured.distinct_calls import DISTINCT_CALLS
+    from specdecode.structured.tool_calls import parse_tools
+    from specdecode.structured.tool_dialects import Hermes, ToolFormat
 
     tok = _tokenizer(tokenizer, "hermes")
     target = tiny_qwen(len(tok), seed=0, eos_token_id=tok.eos_token_id)

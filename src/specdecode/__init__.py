@@ -8,12 +8,13 @@ from importlib import import_module
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "SpeculativeGenerator": "engine", "AutoregressiveGenerator": "engine", "TokenStream": "engine",
-    "GenerationResult": "results", "Stats": "results", "RowStats": "results", "TokenEvent": "results",
-    "SamplingParams": "sampling", "VocabularyMismatchError": "vocab",
+    "SpeculativeGenerator": "engine.generators", "AutoregressiveGenerator": "engine.generators",
+    "TokenStream": "engine.generators",
+    "GenerationResult": "engine.results", "Stats": "engine.results", "RowStats": "engine.results",
+    "TokenEvent": "engine.results", "SamplingParams": "exact.sampling", "VocabularyMismatchError": "text.vocab",
     "ModelDrafter": "drafters", "PromptLookupDrafter": "drafters", "SuffixDrafter": "drafters",
     "SuffixHistory": "drafters", "SuffixModelDrafter": "drafters",
-    "load_model": "loading", "LoadedModel": "models.sources",
+    "load_model": "pairing.loading", "LoadedModel": "models.sources",
 }
 __all__ = [*_EXPORTS, "__version__"]
 

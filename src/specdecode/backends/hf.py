@@ -20,8 +20,8 @@ import inspect
 import torch
 from transformers import DynamicCache
 
-from ..token_tree import ancestors_mask, depths
-from ..vocab import embedding_rows, token_ids
+from ..exact.token_tree import ancestors_mask, depths
+from ..text.vocab import embedding_rows, token_ids
 from . import register_backend
 
 

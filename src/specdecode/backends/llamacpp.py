@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from . import register_backend
-from ..token_tree import children, depths
+from ..exact.token_tree import children, depths
 from .llamacpp_context import _Context, _ParkedSequence, _RunningSequence, _end_of_generation_ids, _open
 from .llamacpp_layout import FA_TILE, SPLIT_ATTENTION_FROM, chunks, layout, reusable_prefix
 

@@ -30,7 +30,7 @@ import copy
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ..vocab import embedding_rows
+from ..text.vocab import embedding_rows
 from . import register_backend
 from .hf import _eos_ids, cache_keyword
 

@@ -43,10 +43,10 @@ from typing import Callable
 
 import torch
 
-from ..draft_choice import DraftCosts, choose_draft, machine_name
+from ..pairing.draft_choice import DraftCosts, choose_draft, machine_name
 from ..drafters import ModelDrafter, PromptLookupDrafter, SuffixDrafter, SuffixModelDrafter
-from ..engine import AutoregressiveGenerator, SpeculativeGenerator
-from ..policy_estimates import expected_tokens
+from ..engine.generators import AutoregressiveGenerator, SpeculativeGenerator
+from ..policy.estimates import expected_tokens
 from .costs import measure_costs
 from .environment import environment
 from .methods.specdecode_plain import run_ours

@@ -239,7 +239,7 @@ def section_costs(plan: Plan, deadline: Deadline) -> dict:
 
 
 def leviathan(alpha: float, k: int, c: float, v: dict) -> float:
-    from specdecode.policy_estimates import expected_speedup
+    from specdecode.policy.estimates import expected_speedup
 
     return expected_speedup([alpha] * k, k, c, v)
 

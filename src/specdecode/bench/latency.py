@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..engine import AutoregressiveGenerator, SpeculativeGenerator
+from ..engine.generators import AutoregressiveGenerator, SpeculativeGenerator
 from . import stats as st
 from .costs import cost_ks, measure_costs
 from .environment import environment

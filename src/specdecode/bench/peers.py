@@ -25,14 +25,14 @@ def _runs_on(methods, kind: str) -> bool:
 def stock_models(peer_models: str, opts, methods, sanity: bool, ours: str):
     """The models transformers' methods run on: ours ("same"), or as a transformers user loads them ("stock":
     plain fp32 weights, no prepacking, no draft quantization). (None, None) means ours. opts: the ModelOptions
-    (specdecode.pair) ours were loaded with; ours: the backend our target runs on."""
+    (specdecode.pairing.pair) ours were loaded with; ours: the backend our target runs on."""
     if peer_models not in PEER_MODELS:
         raise OptionError("peer_models", f"peer_models must be stock or same, got {peer_models!r}")
     ours_is_stock = (not opts.prepack and opts.draft_quantize in (None, "none") and opts.quantize in (None, "none")
                      and ours == "transformers")
     if peer_models == "same" or not _runs_on(methods, TRANSFORMERS) or ours_is_stock:
         return None, None
-    from ..loading import load_model
+    from ..pairing.loading import load_model
 
     # transformers' methods need transformers models, whatever backend ours run on.
     stock = dict(device=opts.device, dtype=opts.dtype, device_map=opts.device_map,

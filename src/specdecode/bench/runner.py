@@ -36,7 +36,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from ..engine import AutoregressiveGenerator, SpeculativeGenerator
+from ..engine.generators import AutoregressiveGenerator, SpeculativeGenerator
 from .costs import cost_ks, measure_costs
 from .interleave import interleave
 from .llamacpp_peers import LOOKUP_DEFAULT_TOKENS

@@ -48,8 +48,8 @@ import contextlib
 import time
 import uuid
 
-from ..tool_calls import Tool, ToolError, rendered_call
-from ..tool_dialects import Hermes, ToolFormat
+from ..structured.tool_calls import Tool, ToolError, rendered_call
+from ..structured.tool_dialects import Hermes, ToolFormat
 from .agent_records import (CLIENT_PARSED, LLAMA_SERVER, PEER, PLAIN, PROVENANCE, STEERING, WARM_UP,
                             AgentBenchSettings, SessionRecord, TurnRecord)
 from .agent_report import summarize

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 from ..errors import OptionError
-from ..speculation import AUTO, MAX_K, Speculation
+from ..policy.speculation import AUTO, MAX_K, Speculation
 from .prompts import load_builtin
 from .serve import ClientSettings, closed_loop, make_client, request_row, totals
 from .serve_chat import ChatRecord, chat_request, group_row

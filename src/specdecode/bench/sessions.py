@@ -151,7 +151,7 @@ def _session(line: str, where: str, default_id: str) -> Session:
 def encode_turn(tokenizer, messages: list[dict], chat: bool) -> list[int]:
     """A conversation's token ids ready for the assistant: through the chat template (chat=True, when the
     tokenizer has one), else as a plain transcript."""
-    from ..chat import encode_chat, has_chat_template
+    from ..text.chat import encode_chat, has_chat_template
 
     if chat and has_chat_template(tokenizer):
         return encode_chat(tokenizer, messages)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import OptionError
-from ..pair import DEFAULT_SUFFIX_HISTORY_TOKENS
+from ..pairing.pair import DEFAULT_SUFFIX_HISTORY_TOKENS
 from .methods import ALL_BUT_ON_REQUEST, METHODS
 from .units import AUTO
 

@@ -42,7 +42,7 @@ def merge_stats(items: Iterable):
     Counts and times add up (per-position lists element by element, dicts of counts key by key); a bound (the
     largest K) is the largest; a label or a report of the state at the end (the policy's) is the last call's.
     """
-    from ..results import Stats
+    from ..engine.results import Stats
 
     items = list(items)
     total = Stats()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..results import Stats
-from ..speculation import AUTO  # noqa: F401  (the K of the engine's adaptive policy, as the bench writes it)
+from ..engine.results import Stats
+from ..policy.speculation import AUTO  # noqa: F401  (the K of the engine's adaptive policy, as the bench writes it)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..chat import encode_chat, has_chat_template
+from ..text.chat import encode_chat, has_chat_template
 
 
 def encode_prompts(tokenizer, texts: list[str], chat: bool) -> list[list[int]]:

@@ -50,7 +50,7 @@ def advise(
         from ..bench.advise import MEASURE, advise as run_advise
         from ..bench.prompts import load_prompts
         from ..bench.workload import encode_prompts
-        from ..sampling import SamplingParams
+        from ..exact.sampling import SamplingParams
 
         max_k = 8 if opts.num_speculative_tokens == AUTO else int(opts.num_speculative_tokens)
         if measure not in MEASURE:
@@ -76,8 +76,8 @@ def advise(
 def _record_auto_costs(opts: ModelOptions, auto: dict | None) -> None:
     """The draft model's measured costs become --draft auto's record for this pair on this machine, so generate,
     serve and bench decide as advise says."""
-    from ..draft_choice import DraftCosts, save_costs
-    from ..pair import auto_cost_key
+    from ..pairing.draft_choice import DraftCosts, save_costs
+    from ..pairing.pair import auto_cost_key
 
     if auto is not None and opts.draft_model is not None:
         save_costs(auto_cost_key(opts, opts.draft_model), DraftCosts.from_dict(auto["costs"]))

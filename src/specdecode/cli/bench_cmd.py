@@ -126,7 +126,7 @@ def bench(
         from ..bench import sessions as multi_turn
         from ..bench.runner import Bench, BenchSettings
         from ..bench.workload import encode_prompts
-        from ..sampling import SamplingParams
+        from ..exact.sampling import SamplingParams
 
         temperatures = float_list(temperature, "--temperature")
         sessions, prompt_name = None, prompts_file or prompts
@@ -216,7 +216,7 @@ def _chosen_methods(methods: str, llama_speculative: Optional[str], structured: 
 def _reference_turns(target_model, sessions, max_new_tokens: int, chat: bool):
     """The multi-turn workload's prompts, built from ours plain's greedy answers (bench/sessions.py)."""
     from ..bench.sessions import build_turns
-    from ..engine import AutoregressiveGenerator
+    from ..engine.generators import AutoregressiveGenerator
 
     with progress_bar(sum(len(s.turns) for s in sessions), "reference answers") as advance:
         return build_turns(AutoregressiveGenerator(target_model), sessions, max_new_tokens, chat, advance)

@@ -48,7 +48,7 @@ def multiplication(
     """
     with user_errors():
         from ..evals.multiplication import evaluate, make_problems
-        from ..sampling import SamplingParams
+        from ..exact.sampling import SamplingParams
 
         seeds = _seed_list(seed)
         SamplingParams(temperature, top_k, top_p)

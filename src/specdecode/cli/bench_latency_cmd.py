@@ -37,7 +37,7 @@ def latency(
     with user_errors():
         from ..bench.latency import measure_latency
         from ..bench.workload import encode_prompts
-        from ..sampling import SamplingParams
+        from ..exact.sampling import SamplingParams
 
         ks = opts.k_values
         SamplingParams(temperature, 0, 1.0)

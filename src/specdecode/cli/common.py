@@ -10,7 +10,7 @@ from typing import Optional
 
 from rich.markup import escape
 
-from ..pair import make_generator  # noqa: F401  (where the commands find it)
+from ..pairing.pair import make_generator  # noqa: F401  (where the commands find it)
 from .console import WIDE, CLIError, err, fail, flag, flagged, one_line, out, user_errors  # noqa: F401
 from .options import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: F401  (where scripts and tests have found them)
 from .options import AUTO, ModelOptions
@@ -74,7 +74,7 @@ def prepare_progress(enabled: bool = True):
 
 # ---------------------------------------------------------------------------------------------- early checks
 # Checked before any model is loaded, so a typo costs nothing. Each raises CLIError with one line. Sampling
-# options, -k and the model options are checked by the library (see options.py and specdecode.pair).
+# options, -k and the model options are checked by the library (see options.py and specdecode.pairing.pair).
 
 def check_generation_args(max_new_tokens: int, stop: Optional[list] = None, batch_size: Optional[int] = None) -> None:
     if max_new_tokens < 1:
@@ -95,13 +95,13 @@ def quiet_transformers() -> None:
 
 
 def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] = None, rows: int = 1):
-    """specdecode.pair.load_pair with the CLI's display: (target, draft or None).
+    """specdecode.pairing.pair.load_pair with the CLI's display: (target, draft or None).
 
     A spinner shows on a terminal while each model loads, with a bar for preparing a built-in model; announce
     (default: on a terminal) prints the backend each model runs on. quiet: neither, and no progress either.
     rows: rows decoded at once (a server's --max-batch-size).
     """
-    from ..pair import (LOOKUP_DRAFTS, check_options, draft_prepared_alongside, load_draft, load_draft_model,
+    from ..pairing.pair import (LOOKUP_DRAFTS, check_options, draft_prepared_alongside, load_draft, load_draft_model,
                         load_target, resolve_auto_draft, with_suffix)
 
     check_options(opts)
@@ -175,7 +175,7 @@ def read_prompts(prompt: Optional[str], prompts_file: Optional[str]) -> list[str
 
 def chat_ids(tokenizer, text: str) -> list[int]:
     """Token ids of a single-turn chat (--chat), through the tokenizer's template."""
-    from ..chat import NoChatTemplateError, encode_chat
+    from ..text.chat import NoChatTemplateError, encode_chat
 
     try:
         return encode_chat(tokenizer, text)

@@ -84,7 +84,7 @@ def prepare_cmd(
 ) -> None:
     """Prepare the model now (once) instead of on first use, in the form its backend runs: join and check the GGUF
     for llama.cpp, or convert it to a Hugging Face directory for transformers; prints the path."""
-    from ..loading import locate_model, prepare_location
+    from ..pairing.loading import locate_model, prepare_location
 
     with user_errors():
         locations = [locate_model(name, backend) for name in names]  # an unknown name fails before any work
@@ -106,7 +106,7 @@ def path_cmd(
     """Print where a built-in model lives for the backend that would run it: the GGUF file for llama.cpp, the
     converted directory for transformers (a note on stderr says when it is not prepared yet)."""
     from ..models import catalog
-    from ..loading import locate_model
+    from ..pairing.loading import locate_model
 
     with user_errors():
         location = locate_model(name, backend)

@@ -2,7 +2,7 @@
 
 `@model_options(...)` replaces a command's `opts: ModelOptions` parameter by the shared model options (target,
 draft, -k, method, backend, device, dtype, quantization, prepacking, threads, remote code) and hands the command
-one ModelOptions (specdecode.pair) built from them. `@sampling_options(...)` does the same for --temperature,
+one ModelOptions (specdecode.pairing.pair) built from them. `@sampling_options(...)` does the same for --temperature,
 --top-k, --top-p, --seed, --min-p, the penalties and --logit-bias, handing a SamplingOptions checked by
 SamplingParams. A new option is one field and
 one declaration below, for every command. Values are checked by the library (Speculation.parse for -k,
@@ -22,9 +22,9 @@ import typer
 
 from ..backends import backend_help
 from .console import FLAGS, CLIError, flag, user_errors  # noqa: F401  (CLIError, FLAGS: where callers have found them)
-from ..pair import DEFAULT_DRAFT, DEFAULT_TARGET, ModelOptions, parse_k, parse_k_list  # noqa: F401  (re-exported)
-from ..pair import AUTO_DRAFT, DEFAULT_SUFFIX_HISTORY_TOKENS  # noqa: F401  (AUTO_DRAFT: the commands' default)
-from ..speculation import AUTO
+from ..pairing.pair import DEFAULT_DRAFT, DEFAULT_TARGET, ModelOptions, parse_k, parse_k_list  # noqa: F401  (re-exported)
+from ..pairing.pair import AUTO_DRAFT, DEFAULT_SUFFIX_HISTORY_TOKENS  # noqa: F401  (AUTO_DRAFT: the commands' default)
+from ..policy.speculation import AUTO
 
 PANEL = "Models and speculation"
 SAMPLING_PANEL = "Sampling"
@@ -146,7 +146,7 @@ class SamplingOptions:
     @property
     def params(self):
         """The first temperature's SamplingParams (what a command that samples one setting checks against)."""
-        from ..sampling import SamplingParams
+        from ..exact.sampling import SamplingParams
 
         return SamplingParams(self.temperature, self.top_k, self.top_p,
                               **{name: getattr(self, name) for name in OPTIONS})
@@ -211,7 +211,7 @@ def sampling_options(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.
 
 def _sampling_params(temperature, top_k, top_p, options: dict):
     from ..errors import OptionError
-    from ..sampling import SamplingParams
+    from ..exact.sampling import SamplingParams
 
     try:
         return SamplingParams(temperature, top_k, top_p, **options)

@@ -9,7 +9,7 @@ import typer
 from .app import app
 from .common import CLIError, load_pair, make_generator, user_errors
 from .options import AUTO, AUTO_DRAFT, ModelOptions, model_options
-from ..pair import display_name
+from ..pairing.pair import display_name
 
 
 @app.command("serve")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import BatchSampling, coupled_choice
+from ..exact.sampling import BatchSampling, coupled_choice
 
 
 @dataclass

@@ -7,9 +7,9 @@ import time
 import torch
 
 from ..backends.base import ModelBackend, caches_prefixes, cold_forwards, pad
-from ..prefix_cache import PrefixCache, common_prefix
-from ..sampling import greedy, sample_with_uniforms
-from ..token_tree import padded
+from ..backends.prefix_cache import PrefixCache, common_prefix
+from ..exact.sampling import greedy, sample_with_uniforms
+from ..exact.token_tree import padded
 from .base import DraftContext, Drafter, Proposal
 
 

@@ -32,7 +32,7 @@ from collections import deque
 import torch
 
 from .base import Drafter, Proposal, match_class
-from ..token_tree import padded
+from ..exact.token_tree import padded
 from .suffix_drafts import Draft, speculate, speculate_tree
 from .suffix_history import SuffixHistory
 from .suffix_index import MAX_MATCH, TokenLog

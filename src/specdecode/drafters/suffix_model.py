@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ..backends import as_backend
-from ..vocab import unwrap_model
+from ..text.vocab import unwrap_model
 from .base import Drafter, Proposal
 from .model import ModelDrafter
 from .suffix import SuffixDrafter

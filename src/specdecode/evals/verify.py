@@ -33,8 +33,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..penalties import RowPenalties
-from ..sampling import SamplingParams, logits_to_probs
+from ..exact.penalties import RowPenalties
+from ..exact.sampling import SamplingParams, logits_to_probs
 from ..bench import stats as st
 
 REST = "rest"

@@ -29,7 +29,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response, StreamingResponse
 
 from ..drafters.escaped_copies import EscapedCopies
-from ..tool_calls import template_supports_tools
+from ..structured.tool_calls import template_supports_tools
 from . import allocator
 from .batcher import Batcher
 from .errors import ERROR_RESPONSES, APIError, install_error_handlers

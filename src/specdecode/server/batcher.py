@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..results import GenerationResult, Stats
+from ..engine.results import GenerationResult, Stats
 
 log = logging.getLogger("specdecode.server")
 

@@ -110,7 +110,7 @@ class JobRunner:
             except ValueError as exc:
                 raise bad_request(str(exc)) from None
             return
-        from ..constraints import ConstraintError  # the grammar engine is imported only when a request needs it
+        from ..structured.constraints import ConstraintError  # the grammar engine is imported only when a request needs it
 
         try:
             await asyncio.to_thread(job.prepare, generator)

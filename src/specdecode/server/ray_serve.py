@@ -46,7 +46,7 @@ class SpecdecodeReplica:
     def __init__(self, config: dict):
         import torch
 
-        from ..pair import ModelOptions, display_name, load_pair, make_generator
+        from ..pairing.pair import ModelOptions, display_name, load_pair, make_generator
         from .allocator import fix_mmap_threshold
         from .app import create_app
         from .settings import ServerSettings
@@ -282,7 +282,7 @@ def app_builder(args: dict):
     {"target": "...", "draft": "...", "k": "auto", "max_batch_size": 8, "threads": 1}, and "routing" ("affinity",
     the default, or "load"). Replica counts and autoscaling come from the config file's `deployments` section
     (deployment "specdecode"; "ingress" is the router's)."""
-    from ..pair import ModelOptions
+    from ..pairing.pair import ModelOptions
     from .settings import ServerSettings
 
     args = dict(args)

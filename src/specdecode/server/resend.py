@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..tool_calls import rendered_call
+from ..structured.tool_calls import rendered_call
 
 
 def resender(conversation: list[dict], tokenizer, tools=None) -> Callable[[str], list[int]]:

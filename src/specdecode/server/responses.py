@@ -27,7 +27,7 @@ import uuid
 
 from pydantic import BaseModel
 
-from ..tool_parser import ToolCallParser
+from ..structured.tool_parser import ToolCallParser
 from .batcher import Done
 from .logprobs import CompletionLogprobBuilder, TokenTexts, chat_logprobs
 from .schemas import (ChatChoice, ChatCompletionResponse, ChatResponseMessage, CompletionChoice, CompletionResponse,

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import OptionError
-from ..prefix_cache import ANSWER_KV
-from ..speculation import MAX_K
+from ..backends.prefix_cache import ANSWER_KV
+from ..policy.speculation import MAX_K
 
 DEFAULT_ALIAS = "specdecode"  # always served unless --served-model-name says otherwise: what the README's examples use
 

@@ -12,12 +12,12 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from ..chat import ChatTemplateError, NoChatTemplateError, encode_chat
+from ..text.chat import ChatTemplateError, NoChatTemplateError, encode_chat
 from ..drafters.escaped_copies import escaped_texts
-from ..speculation import Speculation
-from ..tool_calls import (ToolError, check_tool_messages, parse_tool_choice, parse_tools, rendered_call,
+from ..policy.speculation import Speculation
+from ..structured.tool_calls import (ToolError, check_tool_messages, parse_tool_choice, parse_tools, rendered_call,
                           template_supports_tools, tool_format)
-from ..tool_dialects import ToolFormat
+from ..structured.tool_dialects import ToolFormat
 from .batcher import Job
 from .errors import APIError, bad_request
 from .resend import resender

@@ -24,7 +24,7 @@ class _SpecDecodeCopy(SpecDecode):
         return None  # no draft model needed
 
     def __init__(self, ctx: BenchContext):
-        from ...engine import SpeculativeGenerator
+        from ...engine.generators import SpeculativeGenerator
 
         super().__init__(ctx)
         drafter = self.drafter()

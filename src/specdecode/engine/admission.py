@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .backends.base import logits_and_hidden, pad
+from ..backends.base import logits_and_hidden, pad
 from .results import TokenEvent
 from .row_batch import Row, RowBatch
-from .verification import Verified, verify_rows
+from ..exact.verification import Verified, verify_rows
 
 
 @dataclass

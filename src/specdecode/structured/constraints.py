@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .distinct_calls import DISTINCT_CALLS, DistinctCallsMatcher, TokenTable
-from .vocab import token_ids
+from ..text.vocab import token_ids
 
 KINDS = ("json_schema", "json_object", "grammar", "regex")
 # Compact JSON: fewer tokens, more forced tokens (free drafts), and no runaway whitespace from small models.

@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from .draft_choice import DraftChoice
-from .errors import OptionError
-from .speculation import AUTO, Speculation
+from ..errors import OptionError
+from ..policy.speculation import AUTO, Speculation
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -119,10 +119,10 @@ def _engine_k(speculation: Speculation) -> int | str:
 def check_options(opts: ModelOptions) -> None:
     """Everything but the loading: K, method, backend, threads, quantization, device, dtype, and that each model
     exists (a built-in model's package is installed). No model is loaded and no backend is imported."""
-    from .models import catalog
+    from ..models import catalog
     from .loading import check_backend
-    from .models.sources import LoadOptions, locate
-    from .rejection import METHODS
+    from ..models.sources import LoadOptions, locate
+    from ..exact.rejection import METHODS
 
     opts.k_values  # noqa: B018  (parses every value of k)
     if opts.method not in METHODS:
@@ -164,7 +164,7 @@ def _quantization(opts: ModelOptions, option: str) -> str | None:
     if value is not None and value not in allowed:
         raise OptionError(option, f"{option} must be {', '.join(allowed[:-1])} or {allowed[-1]}, got {value!r}")
     if value == "auto":
-        from .models.sources import resolve_device
+        from ..models.sources import resolve_device
 
         on_cpu = opts.device_map is None and resolve_device(opts.device).type == "cpu"
         return "int8" if on_cpu else None  # drafting on the CPU is several times cheaper in int8; q only changes
@@ -209,14 +209,14 @@ def with_suffix(opts: ModelOptions, model):
     """For suffix+MODEL, the SuffixModelDrafter around the loaded MODEL; any other draft model as it is."""
     if not opts.draft_with_suffix or model is None:
         return model
-    from .drafters import SuffixModelDrafter
+    from ..drafters import SuffixModelDrafter
 
     return SuffixModelDrafter(model, _suffix_drafter(opts))
 
 
 def lookup_drafter(opts: ModelOptions):
     """The drafter a LOOKUP_DRAFTS name stands for (a suffix draft with its own history of earlier requests)."""
-    from .drafters import PromptLookupDrafter
+    from ..drafters import PromptLookupDrafter
 
     if opts.draft.lower() == SUFFIX:
         return _suffix_drafter(opts, opts.tree_width)
@@ -224,7 +224,7 @@ def lookup_drafter(opts: ModelOptions):
 
 
 def _suffix_drafter(opts: ModelOptions, tree_width: int = 1):
-    from .drafters import SuffixDrafter
+    from ..drafters import SuffixDrafter
 
     return SuffixDrafter(history_tokens=opts.suffix_history_tokens, tree_width=tree_width)
 
@@ -251,7 +251,7 @@ def display_name(name: str) -> str:
 def auto_draft_model(opts: ModelOptions) -> str | None:
     """The draft model --draft auto considers: the default pair's draft for the default target, where it is
     installed; None for any other target (no draft model is known to share its vocabulary)."""
-    from .models import catalog
+    from ..models import catalog
 
     if not catalog.is_registered(opts.target) or catalog.lookup(opts.target).name != DEFAULT_TARGET:
         return None
@@ -309,9 +309,9 @@ def measure_pair_costs(target, draft_model, rounds: int = 5) -> dict:
 
     import torch
 
-    from .backends.base import pad
+    from ..backends.base import pad
     from .draft_choice import MEASURED_KS
-    from .engine import SpeculativeGenerator
+    from ..engine.generators import SpeculativeGenerator
 
     gen = SpeculativeGenerator(target, draft_model, num_speculative_tokens=1)
     context = [(7 * i + 100) % min(gen.vocab_size, 5000) for i in range(64 + max(MEASURED_KS) + 1)]
@@ -370,7 +370,7 @@ def draft_prepared_alongside(opts: ModelOptions):
 def _unprepared_draft(opts: ModelOptions):
     """The draft's ModelLocation when it is a built-in model, other than the target, that is not prepared yet for
     the CPU backend that will load it; None otherwise (nothing to do alongside)."""
-    from .models import catalog
+    from ..models import catalog
 
     cpu = opts.device_map is None and opts.device == "cpu"
     model = opts.draft_model or (_auto_model_to_measure(opts) if cpu else None)
@@ -397,7 +397,7 @@ def _prepare_quietly(location) -> None:
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     os.environ["TQDM_DISABLE"] = "1"
-    from .models.convert import quiet_transformers
+    from ..models.convert import quiet_transformers
     from .loading import prepare_location
 
     with contextlib.suppress(Exception), quiet_transformers():
@@ -407,7 +407,7 @@ def _prepare_quietly(location) -> None:
 def make_generator(target, draft, k=AUTO, method: str = "leviathan"):
     """The speculative generator of target and draft (it parses k with Speculation.parse), or the plain one when
     there is no draft."""
-    from .engine import AutoregressiveGenerator, SpeculativeGenerator
+    from ..engine.generators import AutoregressiveGenerator, SpeculativeGenerator
 
     if draft is None:
         return AutoregressiveGenerator(target)

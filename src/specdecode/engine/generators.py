@@ -14,17 +14,17 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .backends import as_backend
-from .backends.base import eos_token_ids, underlying_model
-from .drafters import Drafter, as_drafter
-from .errors import OptionError
-from .policy import make_policy
-from .rejection import METHODS
+from ..backends import as_backend
+from ..backends.base import eos_token_ids, underlying_model
+from ..drafters import Drafter, as_drafter
+from ..errors import OptionError
+from ..policy.choose import make_policy
+from ..exact.rejection import METHODS
 from .results import GenerationResult, TokenEvent
-from .sampling import SamplingParams
+from ..exact.sampling import SamplingParams
 from .session import DecodingSession
-from .speculation import Speculation
-from .vocab import shared_vocab_size, tokenizer_eos_ids, unwrap_model
+from ..policy.speculation import Speculation
+from ..text.vocab import shared_vocab_size, tokenizer_eos_ids, unwrap_model
 
 Prompts = str | Sequence[str] | Sequence[Sequence[int]]
 MAX_LOGPROBS = 20  # top alternatives per position a row may ask for (OpenAI's limit)
@@ -193,7 +193,7 @@ class SpeculativeGenerator:
         """The ConstraintSpec of these arguments (None when all are None); a ConstraintError names a bad one."""
         if json_schema is None and grammar is None and regex is None and not json_object:
             return None  # free text: the grammar engine is not even imported
-        from .constraints import ConstraintSpec
+        from ..structured.constraints import ConstraintSpec
 
         return ConstraintSpec.of(json_schema=json_schema, grammar=grammar, regex=regex, json_object=json_object)
 
@@ -252,7 +252,7 @@ class SpeculativeGenerator:
             raise ValueError("structured outputs (json_schema, grammar, regex) need a tokenizer: use load_model() "
                              "or pass tokenizer=")
         if self._grammars is None:
-            from .constraints import GrammarCompiler
+            from ..structured.constraints import GrammarCompiler
 
             self._grammars = GrammarCompiler.for_tokenizer(self.tokenizer, self.vocab_size,
                                                            eos_token_ids=sorted(self.eos_token_ids))
@@ -324,7 +324,7 @@ def _row_seeds(seed, n: int) -> tuple[list, list[int]]:
 
 
 def _prefix_cache(target, max_tokens: int):
-    from .prefix_cache import PrefixCache
+    from ..backends.prefix_cache import PrefixCache
 
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
         raise ValueError(f"prefix_cache_tokens must be an integer >= 0 (0: off), got {max_tokens!r}")

@@ -24,17 +24,17 @@ import numpy as np
 import torch
 
 from .admission import Admission, Staging
-from .backends.base import (argmax_forward, caches_prefixes, cold_forwards, logits_and_hidden, max_rows, tree_leaves,
+from ..backends.base import (argmax_forward, caches_prefixes, cold_forwards, logits_and_hidden, max_rows, tree_leaves,
                             verifies_trees)
-from .detokenize import IncrementalDetokenizer, find_stop
-from .drafters import DraftContext, ModelDrafter, Proposal
-from .policy import Outcome, Outlook
-from .rejection import accept_greedy_lists
+from ..text.detokenize import IncrementalDetokenizer, find_stop
+from ..drafters import DraftContext, ModelDrafter, Proposal
+from ..policy.choose import Outcome, Outlook
+from ..exact.rejection import accept_greedy_lists
 from .results import GenerationResult, Stats, TokenEvent
 from .row_batch import Row, RowBatch
-from .row_grammars import with_forced
-from .sampling import BatchSampling
-from .verification import Verified, token_logprobs, verify_rows, verify_tree_rows
+from ..structured.row_grammars import with_forced
+from ..exact.sampling import BatchSampling
+from ..exact.verification import Verified, token_logprobs, verify_rows, verify_tree_rows
 
 MAX_FORCED = 16  # tokens of a forced run verified in one forward (a longer run continues next step)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .detokenize import IncrementalDetokenizer
-from .penalties import RowPenalties
+from ..text.detokenize import IncrementalDetokenizer
+from ..exact.penalties import RowPenalties
 from .results import RowStats
-from .row_grammars import RowGrammars
-from .sampling import BatchSampling, RowGenerators
+from ..structured.row_grammars import RowGrammars
+from ..exact.sampling import BatchSampling, RowGenerators
 
 
 @dataclass

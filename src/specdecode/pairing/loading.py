@@ -21,11 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .backends import backend_help, get_backend, registered_backends
-from .errors import OptionError
-from .models import catalog
-from .models.prepare import Progress, _gguf_location, _stamp_matches, prepare_gguf, prepare_model, tokenizer_prepared
-from .models.sources import LoadedModel, LoadOptions
+from ..backends import backend_help, get_backend, registered_backends
+from ..errors import OptionError
+from ..models import catalog
+from ..models.prepare import Progress, _gguf_location, _stamp_matches, prepare_gguf, prepare_model, tokenizer_prepared
+from ..models.sources import LoadedModel, LoadOptions
 
 AUTO_BACKEND = "auto"
 DEFAULT_BACKEND = "transformers"  # what "auto" takes when no backend claims the model: it loads anything

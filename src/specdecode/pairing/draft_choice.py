@@ -131,7 +131,7 @@ def cost_key(target: str, draft: str, backend: str, threads: int | None, draft_q
 
 
 def costs_path() -> Path:
-    from .models.catalog import cache_dir
+    from ..models.catalog import cache_dir
 
     return cache_dir() / "costs.json"
 

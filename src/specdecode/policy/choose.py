@@ -61,7 +61,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from .policy_estimates import DECAY, WARM_SAMPLES, PolicyEstimates, RowState, scale_evidence
+from .estimates import DECAY, WARM_SAMPLES, PolicyEstimates, RowState, scale_evidence
 from .speculation import Speculation
 
 PROBE_FORGET = 0.3         # evidence kept when a probe pays: the text has changed since it was gathered

@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from .backends.base import caches_prefixes, prefill_parked, reusable_prefix
+from .base import caches_prefixes, prefill_parked, reusable_prefix
 
 MIN_REUSE = 16  # shorter matches are not worth a copy
 ANSWER_KV = ("prefill", "lend", "off")  # what a parked answer's KV is worth: see the module's doc
