@@ -7,14 +7,17 @@ The plain rows (AR) measure the backends' per-token overhead directly.
     python bench_static_gpu.py --size 1.5B --batch 1 --new 256 -k 4
 """
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator
 from specdecode.backends.hf import HFBackend
 from specdecode.backends.static import StaticBackend
-from specdecode.bench.random_models import SHAPES, build_qwen  # shared with the device check
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ lives in the checkout, not the package
+from benchmarks.random_models import SHAPES, build_qwen  # noqa: E402  (shared with the device check)
 
 
 def timed(fn, device, repeats):

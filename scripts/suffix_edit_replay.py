@@ -24,12 +24,12 @@ import random
 import statistics
 from collections import defaultdict
 
-import torch
 from transformers import AutoTokenizer
 
 from specdecode.bench.prompts import load_builtin
 from specdecode.bench.serve_edit import DEFAULT_FOLLOW_UP
-from specdecode.drafters.base import MATCH_CLASSES, match_class
+from specdecode.backends.rows import RowChange, RowText
+from specdecode.drafters.base import MATCH_CLASSES, DraftOutcome, DraftRows, match_class
 from specdecode.drafters.suffix import SuffixDrafter, SuffixHistory
 from specdecode.models.prepare import prepare_gguf
 from specdecode.policy.choose import AdaptivePolicy, Outcome, Outlook
@@ -46,15 +46,17 @@ def ids(encoded) -> list[int]:
 
 def positions_of(drafter: SuffixDrafter, prompt: list[int], answer: list[int]) -> list[tuple[int, int, int]]:
     """Per answer position: (tokens offered, how many of them the answer has next, match length)."""
-    drafter.prefill(torch.tensor([prompt]), None)
+    text = RowText(0, list(prompt), [])
+    drafter.relayout(RowChange((0,), (text,)))
     positions = []
     for i, token in enumerate(answer):
-        draft = drafter._draft(0, KMAX)
+        draft = drafter.outlook(DraftRows([text], [KMAX], KMAX)).plan[1][0]  # the row's draft (suffix.py's plan)
         n = 0
         while n < len(draft.tokens) and i + n < len(answer) and draft.tokens[n] == answer[i + n]:
             n += 1
         positions.append((len(draft.tokens), n, draft.match))
-        drafter.update([[token]], [0])
+        drafter.observe(DraftOutcome([text], [[token]], [0]))
+        text.output.append(token)
     return positions
 
 

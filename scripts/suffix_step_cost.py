@@ -1,4 +1,4 @@
-"""The suffix drafter's CPU cost per decode step on novel text (issue 33): update + max_drafts for one row, as the
+"""The suffix drafter's CPU cost per decode step on novel text (issue 33): observe + outlook for one row, as the
 session calls them when it decodes one token a step (the policy declines the drafts).
 
     python scripts/suffix_step_cost.py [--row README.md] [--context 2000] [--history 4000] [--steps 2000] [--k 8]
@@ -34,9 +34,8 @@ def tokenize(paths: list[Path]) -> list[list[int]]:
 
 
 def run(row: str, context: int, history_tokens: int, steps: int, k: int) -> tuple[list[int], list[int], str]:
-    import torch
-
     from specdecode import SuffixDrafter, SuffixHistory
+    from specdecode.drafters import DraftOutcome, DraftRows, RowChange, RowText
 
     files = [*sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "src").rglob("*.py"))]
     row_text, *others = tokenize([ROOT / row] + [f for f in files if f.resolve() != (ROOT / row).resolve()])
@@ -50,21 +49,20 @@ def run(row: str, context: int, history_tokens: int, steps: int, k: int) -> tupl
             added += len(doc[start:start + 1500])
     drafter = SuffixDrafter(history)
     stream = row_text * (1 + (context + steps) // len(row_text))
-    drafter.prefill(torch.tensor([stream[:context]]), None)
+    text = RowText(0, stream[:context], [])
+    drafter.relayout(RowChange((0,), (text,)))
     digest = hashlib.sha256()
     update_ns, draft_ns = [], []
     for token in stream[context:context + steps]:
         t0 = time.perf_counter_ns()
-        drafter.update([[token]], [0])
+        drafter.observe(DraftOutcome([text], [[token]], [0]))
+        text.output.append(token)
         t1 = time.perf_counter_ns()
-        drafter.use_trees(False)
-        drafter.own_k([k])
-        drafter.max_drafts(k)
-        drafter.draft_classes()
+        outlook = drafter.outlook(DraftRows([text], [k], k))
         t2 = time.perf_counter_ns()
         update_ns.append(t1 - t0)
         draft_ns.append(t2 - t1)
-        d = drafter._drafts[1][0]
+        d = outlook.plan[1][0]  # the row's draft (suffix.py's plan)
         digest.update(repr((d.tokens, d.score, d.match, d.ends, sorted(d.docs), d.limit, d.rows)).encode())
     return update_ns, draft_ns, digest.hexdigest()[:16]
 
@@ -84,8 +82,8 @@ def main() -> None:
     for _ in range(args.repeat):
         update_ns, draft_ns, digest = run(args.row, args.context, args.history, args.steps, args.k)
         total = [u + d for u, d in zip(update_ns, draft_ns)]
-        print(f"update {statistics.median(update_ns) / 1e3:6.1f} us (mean {statistics.mean(update_ns) / 1e3:6.1f})"
-              f"  max_drafts {statistics.median(draft_ns) / 1e3:6.1f} us (mean {statistics.mean(draft_ns) / 1e3:6.1f})"
+        print(f"observe {statistics.median(update_ns) / 1e3:6.1f} us (mean {statistics.mean(update_ns) / 1e3:6.1f})"
+              f"  outlook {statistics.median(draft_ns) / 1e3:6.1f} us (mean {statistics.mean(draft_ns) / 1e3:6.1f})"
               f"  total {statistics.median(total) / 1e3:6.1f} us (mean {statistics.mean(total) / 1e3:6.1f})"
               f"  drafts {digest}")
 

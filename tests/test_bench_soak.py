@@ -1,7 +1,9 @@
-"""`specdecode bench soak` on the tiny models for a bounded ~20 s: a mixed, faulty load (streams dropped,
-cancellations, malformed bodies, over-long prompts, unknown models, client timeouts beside well-formed requests of
-every kind) gets no 5xx, a 4xx with a message for every bad request, the same answer for greedy and seeded requests
-sent again alone, memory flat after warm-up and the prefix cache within its bound; the report and plot are written."""
+"""`specdecode bench soak` on the tiny models for a bounded ~20 s, against a server it starts itself (`--serve`) with
+every cache's bound set small: a mixed, faulty load (streams dropped, cancellations, malformed bodies, over-long
+prompts, unknown models, client timeouts beside well-formed requests of every kind) gets no 5xx, a 4xx with a message
+for every bad request, the same answer for greedy and seeded requests sent again alone, memory flat after warm-up,
+every cache full by the end of the warm-up and within its bound, and the end-of-soak report of what each cache
+holds; the report and plot are written."""
 
 from __future__ import annotations
 
@@ -10,22 +12,24 @@ import json
 import pytest
 
 from specdecode.bench.soak import CLASSES, SoakSettings, memory_summary
-from test_server_helpers import one_torch_thread, serve  # noqa: F401  (an autouse fixture)
+from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 
-def test_soak_on_the_tiny_models_finds_nothing_broken(tiny_pair, tokenizer, tmp_path):
+def test_soak_on_the_tiny_models_finds_nothing_broken(tiny_model_dirs, tmp_path):
     from typer.testing import CliRunner
 
     from specdecode.cli.app import app
 
     report_path, plot_path = tmp_path / "soak.json", tmp_path / "soak.png"
-    with serve(tiny_pair, tokenizer, max_batch_size=4, max_queue=64, max_tokens_limit=64, request_timeout=30,
-               prefix_cache_tokens=2048) as server:
-        result = CliRunner().invoke(app, ["bench", "soak", "--url", server.url, "--duration", "20",
-                                          "--concurrency", "4", "--max-tokens", "12", "--scrape-every", "0.5",
-                                          "--json", str(report_path), "--plot", str(plot_path), "--check"])
-    report = json.loads(report_path.read_text())
+    serve = (f"--target {tiny_model_dirs['target']} --draft suffix+{tiny_model_dirs['draft']} --threads 1 "
+             f"--max-batch-size 4 --max-queue 64 --max-tokens-limit 64 --request-timeout 30")
+    result = CliRunner().invoke(app, ["bench", "soak", "--serve", serve, "--prefix-cache-tokens", "128",
+                                      "--suffix-history-tokens", "256", "--grammar-cache", "2", "--kernel-cache", "32",
+                                      "--duration", "20", "--concurrency", "4", "--max-tokens", "12",
+                                      "--scrape-every", "0.5", "--json", str(report_path), "--plot", str(plot_path),
+                                      "--check"])
     assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
     assert report["ok"] and report["server_errors"] == 0 and report["violations"] == 0, result.output
     for name in CLASSES:
         row = report["classes"][name]
@@ -38,9 +42,25 @@ def test_soak_on_the_tiny_models_finds_nothing_broken(tiny_pair, tokenizer, tmp_
             assert set(row["status"]) == {"200"}, (name, row)
     assert report["replays"]["checked"] >= 4 and report["replays"]["equal"] == report["replays"]["checked"]
     memory = report["memory"]
-    assert memory["flat"] and memory["drained"] and memory["cache_within_bound"]
-    assert 0 < memory["cache_max_tokens"] <= 2048
+    assert memory["flat"] and memory["drained"] and memory["cache_within_bound"] and memory["grammar_within_bound"]
+    assert memory["cache_max_tokens"] == 128 and memory["history_max_tokens"] == 256
     assert memory["samples"] >= 10 and plot_path.stat().st_size > 0
+    # the bounds reached the server, each cache was full when the warm-up ended, and the report says what each held
+    assert report["serve"]["env"] == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "32", "LRU_CACHE_CAPACITY": "32"}
+    assert report["primed"] == {"tokens": 510, "status": 200}  # the longest prompt the 512-token context takes
+    assert report["config"]["schemas"] == 16 and memory["filled_in_warmup"] == {
+        "prefix_cache": True, "suffix_history": True, "grammar_cache": True}, memory["filled_in_warmup"]
+    end = memory["caches_at_end"]
+    assert end["grammar_cache"] == {"entries": 2, "max_entries": 2}
+    assert 0 < end["prefix_cache"]["tokens"] <= 128 and end["prefix_cache"]["entries"] >= 1
+    assert end["prefix_cache"]["evictions"] > 0 and end["prefix_cache"]["mib"] > 0
+    assert 0 < end["suffix_history"]["tokens"] <= 256
+    assert 0 < end["token_texts"]["entries"] <= end["token_texts"]["max_entries"] == 320  # logprobs named tokens
+    assert end["rss_mib"] > 0 and end["malloc_in_use_mib"] > 0
+    assert memory["measured_requests"] > 0 and "malloc_kib_per_request" in memory
+    for line in ("caches at the end: prefix cache", "grammars 2 of 2  (at its bound by the end of warm-up)",
+                 "kept per request after warm-up", "second half, idle to idle"):
+        assert line in result.output, result.output
     print("\n" + result.output)
 
 
@@ -105,3 +125,73 @@ def test_the_judge_flags_5xx_bare_4xx_and_bad_input_accepted():
     assert _check_stream('data: {"choices": []}\n\ndata: [DONE]\n\n') is None
     assert "[DONE]" in _check_stream('data: {"choices": []}\n\n')  # cut short
     assert "error event" in _check_stream('data: {"error": {"message": "lost"}}\n\ndata: [DONE]\n\n')
+
+
+def test_memory_summary_judges_the_second_half_and_what_stays_per_request():
+    from specdecode.bench.soak_memory import filled
+
+    bound = {"cache_max_tokens": 100, "cache_tokens": 95, "history_max_tokens": 50, "history_tokens": 10,
+             "grammar_max_entries": 4, "grammar_entries": 4}
+    load = [{"t_s": t, "rss_bytes": 100e6 + (t % 3) * 1e6, "malloc_bytes": 50e6, **bound} for t in range(40)]
+    load[35]["rss_bytes"] = 105e6  # a peak under load: requests in flight, not kept
+    warm, half = {**load[9], "t_s": 9.5}, {**load[19], "t_s": 19.5, "rss_bytes": 100.5e6}
+    end = {**load[-1], "rss_bytes": 101e6, "malloc_bytes": 50.5e6}
+    summary = memory_summary(load, 40, warm, end, 1000, half, 500)
+    assert summary["second_half_flat"] and summary["rss_second_half_growth"] == pytest.approx(0.5 / 100.5)
+    assert summary["rss_second_half_peak_growth"] == pytest.approx(3 / 102)  # reported beside, not judged
+    assert summary["rss_kib_per_request"] == pytest.approx(1e6 / 1024 / 1000)
+    assert summary["malloc_kib_per_request"] == pytest.approx(0.5e6 / 1024 / 1000)
+    assert summary["rss_second_half_kib_per_request"] == pytest.approx(0.5e6 / 1024 / 500)
+    # the history held 10 of its 50 tokens when the warm-up ended: not full, so growth after it is ambiguous
+    assert summary["filled_in_warmup"] == {"prefix_cache": True, "suffix_history": False, "grammar_cache": True}
+    assert summary["caches_at_end"]["grammar_cache"] == {"entries": 4, "max_entries": 4}
+    assert filled([{"cache_max_tokens": 100, "cache_tokens": 10, "cache_evictions": 3}]) == {"prefix_cache": True}
+    # an LRU at its bound holds up to an entry less: what it reached counts, not what it held at the last scrape
+    assert filled([{"history_max_tokens": 50, "history_tokens": n} for n in (49, 30)]) == {"suffix_history": True}
+    grew = memory_summary(load, 40, warm, {**end, "rss_bytes": 103e6}, 1000, half, 500)
+    assert not grew["second_half_flat"] and grew["rss_second_half_growth"] > 0.02
+    rising = [{**x, "rss_bytes": 100e6 * (1 + 0.002 * x["t_s"])} for x in load]  # no idle points: peaks judged
+    summary = memory_summary(rising, 40, warm)
+    assert not summary["second_half_flat"] and summary["rss_second_half_peak_growth"] > 0.02
+    assert "rss_kib_per_request" not in summary  # no idle point after the load: nothing said per request
+    over = [{**x, "grammar_entries": 5} for x in load]
+    assert not memory_summary(over, 40)["grammar_within_bound"]
+
+
+def test_the_cache_bounds_go_to_the_server_the_soak_starts():
+    from typer.testing import CliRunner
+
+    from specdecode.bench.soak_server import CacheBounds, SoakServer
+    from specdecode.cli.app import app
+
+    bounds = CacheBounds(prefix_cache_tokens=0, suffix_history_tokens=600, grammar_cache=4, kernel_cache=64)
+    server = SoakServer("--target some/dir --prefix-cache-tokens 9 --threads 1", bounds)
+    assert server.command[server.command.index("serve") + 1:] == [
+        "--target", "some/dir", "--prefix-cache-tokens", "9", "--threads", "1", "--host", "127.0.0.1", "--port",
+        str(server.port), "--prefix-cache-tokens", "0", "--suffix-history-tokens", "600", "--grammar-cache", "4"]
+    assert server.env == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
+    assert SoakServer("--target x", CacheBounds()).env == {} and not CacheBounds().given
+    with pytest.raises(ValueError, match="leave --port out"):
+        SoakServer("--target x --port 8000")
+    with pytest.raises(ValueError, match="grammar_cache must be an integer >= 1"):
+        CacheBounds(grammar_cache=0)
+    result = CliRunner().invoke(app, ["bench", "soak", "--url", "http://127.0.0.1:9", "--grammar-cache", "4"])
+    assert result.exit_code != 0 and "give --serve" in result.output, result.output
+
+
+def test_the_grammar_cache_keeps_its_bound(tiny_pair, tokenizer):
+    from specdecode import SpeculativeGenerator
+    from specdecode.errors import OptionError
+    from specdecode.server import ServerSettings
+
+    generator = SpeculativeGenerator(*tiny_pair, num_speculative_tokens=2, tokenizer=tokenizer)
+    assert generator.grammar_cache() is None  # nothing compiled yet
+    generator.set_grammar_cache(2)
+    schemas = [{"type": "object", "properties": {"a": {"type": "string", "maxLength": n}}} for n in (3, 4, 5)]
+    generator.generate(["x", "y", "z"], max_new_tokens=1, temperature=0, json_schema=schemas)
+    info = generator.grammar_cache()
+    assert (info.maxsize, info.currsize, info.misses) == (2, 2, 3)
+    with pytest.raises(ValueError, match="integer >= 1"):
+        generator.set_grammar_cache(0)
+    with pytest.raises(OptionError, match="grammar_cache_entries"):
+        ServerSettings(grammar_cache_entries=0)

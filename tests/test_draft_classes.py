@@ -1,5 +1,5 @@
 """Draft classes: a copying drafter tells the policy, before each step, how long a match its draft was copied after
-(Drafter.draft_classes), and the policy learns acceptance per class, so it drafts after long matches and decodes
+(DraftOutlook.classes), and the policy learns acceptance per class, so it drafts after long matches and decodes
 plainly after short ones. The classes are a function of the context, so outputs stay exactly the target's."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from conftest import tiny_qwen
+from drafting import Driver
 from reference import assert_first_tokens_follow_target
 from specdecode import AutoregressiveGenerator, PromptLookupDrafter, SpeculativeGenerator, SuffixDrafter
 from specdecode.drafters.base import match_class
@@ -72,16 +72,17 @@ def test_class_evidence_is_kept_apart_from_the_rows_and_reported():
 
 
 def test_copying_drafters_classify_their_drafts_by_match_length():
-    suffix = SuffixDrafter(history_tokens=0)
+    suffix = Driver(SuffixDrafter(history_tokens=0))
     context = list(range(10, 50)) + list(range(10, 30))  # the tail repeats a 20-token run
-    rows = torch.tensor([context, [0] * 57 + [1, 2, 3]])
-    suffix.prefill(rows, rows != 0)  # left-padded
-    assert suffix.max_drafts(4) == [4, 0]
-    assert suffix.draft_classes() == [match_class(20), None]
-    lookup = PromptLookupDrafter(max_ngram=3)
-    lookup.prefill(torch.tensor([[5, 6, 7, 9, 6, 7], [5, 6, 7, 8, 9, 1]]), None)
-    assert lookup.max_drafts(2) == [2, 0]
-    assert lookup.draft_classes() == [match_class(2), None]  # "6 7" matched; the 3-gram "9 6 7" did not
+    suffix.join([context, [1, 2, 3]])
+    outlook = suffix.outlook(4)
+    assert outlook.drafts == [4, 0]
+    assert outlook.classes == [match_class(20), None]
+    lookup = Driver(PromptLookupDrafter(max_ngram=3))
+    lookup.join([[5, 6, 7, 9, 6, 7], [5, 6, 7, 8, 9, 1]])
+    outlook = lookup.outlook(2)
+    assert outlook.drafts == [2, 0]
+    assert outlook.classes == [match_class(2), None]  # "6 7" matched; the 3-gram "9 6 7" did not
 
 
 @pytest.fixture(scope="module")

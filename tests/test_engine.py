@@ -240,13 +240,14 @@ def test_padded_embedding_rows_are_restricted_to_the_tokenizer(tokenizer, tiny_p
     assert max(max(r) for r in sampled.token_ids) < len(tokenizer)
 
 
-def test_different_vocabularies_are_refused(tokenizer, tiny_pair):
+def test_different_vocabularies_are_bridged_and_different_sizes_without_tokenizers_refused(tokenizer, tiny_pair):
     from conftest import build_tokenizer
+    from specdecode.drafters import CrossVocabDrafter
 
     target, draft = tiny_pair
-    other = build_tokenizer(vocab_size=300)
-    with pytest.raises(VocabularyMismatchError, match="tokenizers differ"):
-        SpeculativeGenerator(load_wrap(target, tokenizer), load_wrap(draft, other))
+    other = build_tokenizer(vocab_size=300)  # a draft of another tokenizer drafts through its text (cross_vocab.py)
+    assert isinstance(SpeculativeGenerator(load_wrap(target, tokenizer), load_wrap(draft, other)).drafter,
+                      CrossVocabDrafter)
     bigger = tiny_qwen(len(tokenizer) + 10, seed=1)
     with pytest.raises(VocabularyMismatchError, match="vocab_size"):
         SpeculativeGenerator(target, bigger)

@@ -187,13 +187,13 @@ def test_a_call_that_writes_back_a_file_it_read_copies_it_from_the_escaped_docum
 
 def test_the_copies_join_before_the_row_and_only_for_json_answers(tool_tokenizer, monkeypatch):
     marks = []
-    prefill = SuffixDrafter.prefill
+    relayout = SuffixDrafter.relayout
 
-    def recording(self, input_ids, valid, hidden=None):
-        prefill(self, input_ids, valid, hidden)
-        marks.extend(self._marks)
+    def recording(self, change):  # each joining row's mark: the history's documents before it are what it drafts from
+        relayout(self, change)
+        marks.extend(self._rows[t.id].mark for t in change.appended if t.id in self._rows)
 
-    monkeypatch.setattr(SuffixDrafter, "prefill", recording)
+    monkeypatch.setattr(SuffixDrafter, "relayout", recording)
     drafter = SuffixDrafter(SuffixHistory(100_000))
     server = script_server(tool_tokenizer, drafter)
     try:

@@ -8,11 +8,15 @@ token. If either statement stops holding, the docs' sentence must change with it
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend needs the [llamacpp] extra")
 
-from specdecode.bench.forward_drift import PROMPTS, greedy, logprobs_by_chunks  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: run from the checkout
+from benchmarks.forward_drift import PROMPTS, greedy, logprobs_by_chunks  # noqa: E402
 from specdecode.cli.common import DEFAULT_TARGET  # noqa: E402
 from specdecode.models import catalog  # noqa: E402
 

@@ -143,6 +143,23 @@ def test_no_source_file_is_over_500_lines():
     assert long_files(SRC) == {}
 
 
+BENCHMARKS = SRC.parents[1] / "benchmarks"  # the project's own tools: run from the checkout, never installed
+
+
+def test_the_checkouts_tools_stay_outside_the_package_and_short():
+    """benchmarks/ (the device check, its random models, the replay drafter, probes) imports the package; the
+    package, installed without it, never imports benchmarks/."""
+    wrong = {}
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(name.split(".")[0] == "benchmarks" for name in names):
+                wrong.setdefault(str(path.relative_to(SRC)), []).extend(names)
+    assert wrong == {}
+    assert long_files(BENCHMARKS) == {}
+
+
 def test_the_core_imports_neither_the_cli_nor_the_server():
     graph = import_graph()
     front = ("specdecode.cli", "specdecode.server", "specdecode.bench")

@@ -443,10 +443,10 @@ def test_prepare_gguf_joins_split_models_once_and_checks_them(tiny_gguf, tmp_pat
         gguf, tokenizer_dir = prepare.prepare_gguf("fake-gguf", progress=False)
         assert gguf == catalog.gguf_cache_path("fake-gguf") and gguf.read_bytes() == data
         assert (tokenizer_dir / "tokenizer_config.json").is_file()
-        join = prepare.join_parts
-        monkeypatch.setattr(prepare, "join_parts", lambda *a, **k: pytest.fail("joined twice"))
+        join = prepare._copy_parts
+        monkeypatch.setattr(prepare, "_copy_parts", lambda *a, **k: pytest.fail("joined twice"))
         assert prepare.prepare_gguf("fake-gguf", progress=False) == (gguf, tokenizer_dir)
-        monkeypatch.setattr(prepare, "join_parts", join)
+        monkeypatch.setattr(prepare, "_copy_parts", join)
         gguf.write_bytes(data[:-1] + b"\0")  # changed behind our back: joined and checked again
         assert prepare.prepare_gguf("fake-gguf", progress=False)[0].read_bytes() == data
         catalog.register(dataclasses.replace(info, sha256="0" * 64), replace=True)

@@ -5,6 +5,8 @@ the logits."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -64,7 +66,8 @@ def _count_argmax_calls(backend, monkeypatch) -> list[int]:
 
 
 def _without_fast_path(monkeypatch):
-    monkeypatch.setattr(session_module, "argmax_forward", lambda backend: None)
+    real = session_module.capabilities  # what the session reads of the target, once: here without forward_argmax
+    monkeypatch.setattr(session_module, "capabilities", lambda backend: replace(real(backend), forward_argmax=None))
 
 
 @pytest.mark.parametrize("k", [0, 3])

@@ -20,7 +20,7 @@ from scipy.stats import chi2
 from conftest import perturbed_copy, tiny_qwen
 from reference import hf_warp, pit_values
 from specdecode import AutoregressiveGenerator, PromptLookupDrafter, SpeculativeGenerator
-from specdecode.drafters.base import Drafter, Proposal
+from specdecode.drafters.base import Drafter, DraftOutlook, Proposal
 from specdecode.exact.penalties import RowPenalties
 
 VOCAB = 16
@@ -243,28 +243,13 @@ class OneToken(Drafter):
     counted rejected drafts, or a position blind to the drafts before it, would move that token's probability."""
 
     def __init__(self, token: int):
-        self.token, self.rows = token, 0
+        self.token = token
 
-    def prefill(self, input_ids, valid, hidden=None):
-        self.rows = input_ids.shape[0]
+    def outlook(self, rows):
+        return DraftOutlook([rows.widest] * len(rows.texts))
 
-    def max_drafts(self, k):
-        return [k] * self.rows
-
-    def propose(self, k, context, uniforms, num_drafts):
-        return Proposal(torch.full((self.rows, k), self.token, dtype=torch.long))
-
-    def update(self, emitted, kept, hidden=None):
-        pass
-
-    def select_rows(self, rows):
-        self.rows = len(rows)
-
-    def fork(self, batch_size):
-        return OneToken(self.token)
-
-    def merge(self, other):
-        self.rows += other.rows
+    def propose(self, choice, context):
+        return Proposal(torch.full((len(context.texts), choice.k), self.token, dtype=torch.long))
 
 
 SHARP = [(1.0, 0, 1.0, dict(presence_penalty=-2.0)), (1.0, 0, 1.0, dict(presence_penalty=2.0, frequency_penalty=2.0)),

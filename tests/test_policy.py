@@ -355,8 +355,8 @@ def test_the_engine_does_not_learn_a_draft_cost_from_a_catch_up(tiny_pair, monke
         def _find(self, context, k):  # always drafts: every step verifies 2 drafts
             return [context[-1]] * k, 1
 
-        def propose(self, k, sampling, uniforms, num_drafts):  # fed a backlog with its drafts: not a clean time
-            proposal = super().propose(k, sampling, uniforms, num_drafts)
+        def propose(self, choice, context):  # fed a backlog with its drafts: not a clean time
+            proposal = super().propose(choice, context)
             proposal.clean = False
             return proposal
 

@@ -60,6 +60,8 @@ def test_openapi_fuzz(api_schema, fuzz_server, method, path, mode):
     @hypothesis.settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
                          suppress_health_check=list(hypothesis.HealthCheck), phases=[hypothesis.Phase.generate])
     def fuzz(case):
+        if mode == "positive" and isinstance(case.body, dict):
+            case.body.pop("timeout", None)  # a valid deadline may pass: its documented answer is a 504
         # stream=true answers text/event-stream, which the schema describes only in words
         checks = [not_a_server_error, status_code_conformance]
         if mode == "negative":

@@ -117,11 +117,16 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool
 
 class SlowGenerator:
     """Wraps a generator so that each engine step takes at least `delay` seconds and EOS never ends a row early:
-    long, predictable generations for the timeout, disconnect, queue-full, cancellation and shutdown tests."""
+    long, predictable generations for the timeout, disconnect, queue-full, cancellation and shutdown tests.
+    `stall_next(s)`: the next step takes s seconds more, once (a stalled engine)."""
 
     def __init__(self, generator, delay: float):
         self._generator = generator
         self.delay = delay
+        self.stall_s = 0.0
+
+    def stall_next(self, seconds: float) -> None:
+        self.stall_s = seconds
 
     def __getattr__(self, name):
         return getattr(self._generator, name)
@@ -134,7 +139,8 @@ class SlowGenerator:
         decode = session.decode  # the batcher runs each step as admit() then decode()
 
         def slow_decode():
-            time.sleep(self.delay)
+            stall, self.stall_s = self.stall_s, 0.0
+            time.sleep(self.delay + stall)
             return decode()
 
         session.decode = slow_decode

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import perturbed_copy, tiny_qwen
+from drafting import Driver
 from lookup_backend import LookupBackend
 from specdecode import AutoregressiveGenerator, PromptLookupDrafter, SpeculativeGenerator
 from specdecode.drafters import ModelDrafter, as_drafter
@@ -86,7 +87,9 @@ def test_prompt_lookup_builds_no_dense_q_even_with_a_huge_vocabulary(monkeypatch
     assert all(len(t) == 8 for t in result.token_ids)
     assert result.stats.proposed_tokens > 0
     assert largest["numel"] < rows * k * vocab  # [B, V] rows exist (one residual per row), never [B, K, V]
-    assert drafter.propose(k, None, None, [k] * rows).q is None
+    batch = Driver(drafter)
+    batch.join([prompt] * rows)
+    assert batch.propose(k).q is None
 
 
 def test_a_backend_without_transformers_runs_the_same_loop():
@@ -122,16 +125,14 @@ def test_hidden_states_are_handed_to_a_drafter_that_asks_and_cost_nothing_otherw
     class FeatureDrafter(PromptLookupDrafter):
         needs_hidden_states = True
 
-        def fork(self, batch_size):
-            return FeatureDrafter()
+        def relayout(self, change):
+            if change.appended:
+                seen.append(("prefill", tuple(change.hidden.shape)))
+            super().relayout(change)
 
-        def prefill(self, input_ids, valid, hidden=None):
-            seen.append(("prefill", tuple(hidden.shape)))
-            super().prefill(input_ids, valid)
-
-        def update(self, emitted, kept, hidden=None):
-            seen.append(("update", None if hidden is None else tuple(hidden.shape)))
-            super().update(emitted, kept)
+        def observe(self, outcome):
+            seen.append(("update", None if outcome.hidden is None else tuple(outcome.hidden.shape)))
+            super().observe(outcome)
 
     calls = []
     real_forward = type(target).forward
@@ -186,8 +187,8 @@ def test_a_probe_bounds_the_catch_up_of_a_draft_far_behind(models, monkeypatch, 
     fed = []
     real = ModelDrafter.propose
 
-    def spy(self, k, sampling, uniforms, num_drafts):
-        out = real(self, k, sampling, uniforms, num_drafts)
+    def spy(self, choice, context):
+        out = real(self, choice, context)
         fed.append((self.catch_up, self.backend.lengths[0]))
         return out
 

@@ -34,9 +34,9 @@ def test_the_drafter_gets_its_step_context_and_the_policy_one_question_and_one_a
     contexts, calls = [], []
     real_propose = ModelDrafter.propose
 
-    def propose(self, k, context, uniforms, num_drafts):
+    def propose(self, choice, context):
         contexts.append(context)
-        return real_propose(self, k, context, uniforms, num_drafts)
+        return real_propose(self, choice, context)
 
     monkeypatch.setattr(ModelDrafter, "propose", propose)
     policy = FixedPolicy(3)
@@ -79,7 +79,7 @@ def test_row_batch_select_and_extend_make_new_batches(models):
 
 def test_an_object_that_proposes_but_is_no_drafter_is_refused_with_the_fix():
     class OldStyle:
-        def propose(self, k, sampling, uniforms, num_drafts):
+        def propose(self, choice, context):
             return None
 
     with pytest.raises(TypeError, match="subclass Drafter"):

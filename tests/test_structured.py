@@ -15,7 +15,7 @@ import torch
 from reference import assert_matches, hf_warp
 from specdecode import AutoregressiveGenerator, PromptLookupDrafter, SpeculativeGenerator
 from specdecode.structured.constraints import ConstraintError, ConstraintSpec, GrammarCompiler
-from specdecode.drafters.base import Drafter, Proposal
+from specdecode.drafters.base import Drafter, DraftOutlook, Proposal
 from specdecode.policy.choose import AdaptivePolicy
 
 SAMPLES = 3000
@@ -183,31 +183,16 @@ class ForbiddenDrafter(Drafter):
     fixed token on is cut before the verification."""
 
     def __init__(self, token: int, first: int | None = None):
-        self.token, self.first, self.rows = token, first, 0
+        self.token, self.first = token, first
 
-    def prefill(self, input_ids, valid, hidden=None):
-        self.rows = input_ids.shape[0]
+    def outlook(self, rows):
+        return DraftOutlook([rows.widest] * len(rows.texts))
 
-    def max_drafts(self, k):
-        return [k] * self.rows
-
-    def propose(self, k, context, uniforms, num_drafts):
-        tokens = torch.full((self.rows, k), self.token, dtype=torch.long)
+    def propose(self, choice, context):
+        tokens = torch.full((len(context.texts), choice.k), self.token, dtype=torch.long)
         if self.first is not None:
             tokens[:, 0] = self.first
         return Proposal(tokens)
-
-    def update(self, emitted, kept, hidden=None):
-        pass
-
-    def select_rows(self, rows):
-        self.rows = len(rows)
-
-    def fork(self, batch_size):
-        return ForbiddenDrafter(self.token, self.first)
-
-    def merge(self, other):
-        self.rows += other.rows
 
 
 def test_drafts_a_grammar_forbids_are_not_run_through_the_target(models, tokenizer, prompt, monkeypatch):

@@ -12,10 +12,10 @@ import time
 
 import numpy as np
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from conftest import tiny_qwen
+from drafting import Driver
 from reference import assert_first_tokens_follow_target
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator, SuffixDrafter, SuffixHistory
 from specdecode.drafters.suffix_drafts import speculate
@@ -131,10 +131,9 @@ def finished_rows(drafter: SuffixDrafter, prompts: list[list[int]], keys=None) -
     """Rows join (keys queued in join order, as a server would), then leave: their text enters the history."""
     if keys is not None:
         drafter.queue_keys(keys)
-    fork = drafter.fork(len(prompts))
-    fork.prefill(torch.tensor(prompts), None)
-    drafter.merge(fork)
-    drafter.select_rows([])
+    rows = Driver(drafter)
+    rows.join(prompts)
+    rows.keep([])
 
 
 def test_rows_draft_only_from_their_own_keys_history():
@@ -145,12 +144,13 @@ def test_rows_draft_only_from_their_own_keys_history():
     assert set(history.keys) == {"alice", "bob"}
     # Rows asking for alice's text: alice's row gets it, bob's and an unkeyed row get nothing.
     drafter.queue_keys(["alice", "bob"])
-    drafter.prefill(torch.tensor([secret[:4]] * 3), None)
+    rows = Driver(drafter)
+    rows.join([secret[:4]] * 3)
     assert drafter.keys == ["alice", "bob", None]
-    assert drafter.max_drafts(4) == [4, 0, 0]
-    assert drafter.propose(4, None, None, [4, 0, 0]).tokens[0].tolist() == secret[4:8]
+    assert rows.max_drafts(4) == [4, 0, 0]
+    assert rows.propose(4, [4, 0, 0]).tokens[0].tolist() == secret[4:8]
     drafter.keys = ["bob", "bob", "alice"]  # the caller may also set the running rows' keys
-    assert drafter.max_drafts(4) == [0, 0, 4]
+    assert rows.max_drafts(4) == [0, 0, 4]
     with pytest.raises(ValueError, match="one key per row"):
         drafter.keys = ["alice"]
 
@@ -160,11 +160,12 @@ def test_a_drafters_default_key_goes_to_its_forks_and_into_the_history():
     tenant = SuffixDrafter(history, key="tenant")
     finished_rows(tenant, [[7, 8, 9, 10, 11]])
     assert history.keys == ["tenant"]
-    other = SuffixDrafter(history)
-    other.prefill(torch.tensor([[7, 8, 9]]), None)
+    other = Driver(SuffixDrafter(history))
+    other.join([[7, 8, 9]])
     assert other.max_drafts(3) == [0]
-    tenant.prefill(torch.tensor([[7, 8, 9]]), None)
-    assert tenant.max_drafts(3) == [2]  # 10 11, then the document ends
+    rows = Driver(tenant)
+    rows.join([[7, 8, 9]])
+    assert rows.max_drafts(3) == [2]  # 10 11, then the document ends
 
 
 # ---------------------------------------------------------------------------------------------- decoding
@@ -257,18 +258,14 @@ SHARED = OWN + [20, 21, 22, 23, 24, 25, 26, 27]  # the history matches the whole
 def test_a_rows_drafts_are_those_of_its_own_k_whatever_the_other_rows_k(width):
     """At K = 2 the context's draft (10 11) ties the history's (20 21) and wins; at the batch's widest K (8) the
     history's scores 8 against 3. A row of K = 2 beside a row of K = 8 drafts what it drafts alone."""
-    alone = SuffixDrafter(history_of(SHARED), tree_width=width)
-    alone.use_trees(True)
-    alone.prefill(torch.tensor([OWN]), None)
-    alone.own_k([2])
-    assert alone.max_drafts(2) == [2]
-    mine = alone.propose(2, None, None, [2])
-    batch = SuffixDrafter(history_of(SHARED), tree_width=width)
-    batch.use_trees(True)
-    batch.prefill(torch.tensor([[3, 4] + OWN, [0, 0] + OWN]), torch.tensor([[True] * 11, [False] * 2 + [True] * 9]))
-    batch.own_k([8, 2])
-    assert batch.max_drafts(8) == [8, 2]
-    theirs = batch.propose(8, None, None, [8, 2])
+    alone = Driver(SuffixDrafter(history_of(SHARED), tree_width=width))
+    alone.join([OWN])
+    assert alone.max_drafts(2, ks=[2], trees=True) == [2]
+    mine = alone.propose(2, [2])
+    batch = Driver(SuffixDrafter(history_of(SHARED), tree_width=width))
+    batch.join([[3, 4] + OWN, OWN])
+    assert batch.max_drafts(8, ks=[8, 2], trees=True) == [8, 2]
+    theirs = batch.propose(8, [8, 2])
     assert mine.tokens[0].tolist() == theirs.tokens[1, :2].tolist() == [10, 11]
     assert theirs.tokens[0].tolist() == SHARED[9:]
     if width > 1:
@@ -359,15 +356,15 @@ def test_proposing_costs_well_under_a_millisecond_per_row_at_a_million_history_t
     while history.tokens < 1_000_000 - 2000:
         docs.append(code_like(rng, 2000, docs[-50:]))
         history.add(docs[-1])
-    drafter = SuffixDrafter(history)
-    drafter.prefill(torch.tensor([docs[-1][:1000]] * 4), None)
+    drafter = Driver(SuffixDrafter(history))
+    drafter.join([docs[-1][:1000]] * 4)
     times = []
     for i in range(100):
         doc = docs[int(rng.integers(len(docs)))]
         start = int(rng.integers(32, len(doc)))
-        drafter.update([doc[start - 8:start], code_like(rng, 8, [])] * 2, [0] * 4)  # seen text, and novel
+        drafter.observe([doc[start - 8:start], code_like(rng, 8, [])] * 2)  # seen text, and novel
         t0 = time.perf_counter()
-        drafter.propose(8, None, None, drafter.max_drafts(8))
+        drafter.propose(8, drafter.max_drafts(8))
         times.append((time.perf_counter() - t0) / 4)
     assert statistics.median(times) < 1e-3, f"median {statistics.median(times) * 1e3:.3f} ms per row"
 

@@ -18,8 +18,8 @@ from collections import Counter, OrderedDict
 
 import heapq
 import pytest
-import torch
 
+from drafting import Driver
 from specdecode import SuffixDrafter, SuffixHistory
 from specdecode.drafters.base import match_class
 from specdecode.drafters.suffix_drafts import Draft, speculate
@@ -394,7 +394,7 @@ def test_tokens_that_end_a_log_or_meet_sep_are_drafted_as_the_reference_drafts()
 def test_a_drafters_drafts_step_by_step_are_the_references(seed, width, vocab, settings):
     """Rows join (with keys and marks), decode (emitting 1-4 tokens a step, text copied from the history or
     novel), leave into the history, at their own K, with chains and with token trees: every row's draft each step,
-    and what max_drafts, scores, draft_classes and propose return from it."""
+    and what the outlook (drafts, expected, classes) and propose return from it."""
     rng = random.Random(seed)
     budget = rng.choice([800, 3000])
     history, ref_history = SuffixHistory(budget), RefHistory(budget)
@@ -403,36 +403,30 @@ def test_a_drafters_drafts_step_by_step_are_the_references(seed, width, vocab, s
     ref = RefDrafter(ref_history, width=width, **settings)
     texts = [stream(rng, 300, vocab, [], copy=0.3) for _ in range(4)]
     shared = 0
+    rows = Driver(drafter)
     for step in range(160):
         if not ref.rows or (len(ref.rows) < 3 and rng.random() < 0.1):
             prompts = [rng.choice(texts)[:rng.randint(1, 200)] for _ in range(rng.randint(1, 2))]
             keys = [rng.choice(["x", "y"]) for _ in prompts]
             drafter.queue_keys(keys)
-            fork = drafter.fork(len(prompts))
-            for p in prompts:  # one prefill per prompt: rows of different lengths, no padding
-                one = fork.fork(1)
-                one.prefill(torch.tensor([p]), None)
-                fork.merge(one)
-            drafter.merge(fork)
+            rows.join(prompts)  # rows of different lengths, no padding
             ref.prefill(prompts, keys)
         trees = width > 1 and rng.random() < 0.7
-        drafter.use_trees(trees)
         ref.trees = trees
         leaves = rng.choice([None, 2])
-        drafter.limit_tree_leaves(leaves)
         ref.max_leaves = leaves
         ks = [rng.choice([1, 3, 8]) for _ in ref.rows]
-        drafter.own_k(ks)
         widest = max(ks)
-        got = drafter.max_drafts(widest)
+        outlook = rows.outlook(widest, ks=ks, trees=trees, leaves=leaves)
+        got = outlook.drafts
         want = [ref.draft(b, k) for b, k in enumerate(ks)]
-        for b, (d, w) in enumerate(zip(drafter._drafts[1], want)):
+        for b, (d, w) in enumerate(zip(outlook.plan[1], want)):
             assert_same(d, w, (step, b))
         shared += sum(bool(w.docs) for w in want)
         assert got == [len((w.tree[0] if trees else w.tokens)[:widest]) for w in want]
-        assert drafter.scores(widest) == [w.score for w in want]
-        assert drafter.draft_classes() == [match_class(w.match) if w.tokens else None for w in want]
-        proposal = drafter.propose(widest, None, None, got)
+        assert outlook.expected == [w.score for w in want]
+        assert outlook.classes == [match_class(w.match) if w.tokens else None for w in want]
+        proposal = rows.propose(widest, got)
         for b, w in enumerate(want):
             drafted = (w.tree[0] if trees else w.tokens)[:widest]
             assert proposal.tokens[b, :len(drafted)].tolist() == drafted
@@ -443,10 +437,10 @@ def test_a_drafters_drafts_step_by_step_are_the_references(seed, width, vocab, s
             emitted.append(source[s:s + rng.randint(1, 4)] if rng.random() < 0.6 else
                            [rng.randrange(vocab) for _ in range(rng.randint(1, 4))])
             log.extend(emitted[-1])
-        drafter.update(emitted, [0] * len(emitted))
+        rows.observe(emitted)
         if rng.random() < 0.08:
             kept = [b for b in range(len(ref.rows)) if rng.random() < 0.5]
-            drafter.select_rows(kept)
+            rows.keep(kept)
             ref.leave(kept)
             texts.append(rng.choice(texts)[:50] + stream(rng, 100, vocab, texts, copy=0.5))
         assert list(history._docs) == list(ref_history.docs)

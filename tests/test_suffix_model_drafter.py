@@ -18,14 +18,13 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import build_tokenizer, perturbed_copy, tiny_qwen
+from drafting import Driver
 from reference import assert_matches, exact_joint, hf_warp
-from specdecode import (AutoregressiveGenerator, LoadedModel, SpeculativeGenerator, SuffixModelDrafter,
-                        VocabularyMismatchError)
+from specdecode import AutoregressiveGenerator, LoadedModel, SpeculativeGenerator, SuffixModelDrafter
 from specdecode.errors import OptionError
 from specdecode.models.sources import ModelNotFoundError
 from specdecode.pairing.pair import ModelOptions, check_options, load_pair, make_generator
 from specdecode.policy.choose import AdaptivePolicy
-from specdecode.drafters import DraftContext
 from specdecode.exact.sampling import BatchSampling, SamplingParams
 
 TEXTS = ["def quicksort(arr):\n    if len(arr) <= 1:\n        return arr", "The quick brown fox",
@@ -45,25 +44,25 @@ def plain(tiny_pair, prompts):
 
 
 class StepLog:
-    """Wraps a drafter's propose and update: per step, whether it was free and how many drafts each source had."""
+    """Wraps a drafter's propose and observe: per step, whether it was free and how many drafts each source had."""
 
     def __init__(self, drafter: SuffixModelDrafter):
         self.drafter, self.steps = drafter, []
-        propose, update = drafter.propose, drafter.update
+        propose, observe = drafter.propose, drafter.observe
 
         def logged_propose(*args, **kwargs):
             proposal = propose(*args, **kwargs)
             self.steps.append({"free": proposal.free, "proposal": proposal})
             return proposal
 
-        def logged_update(emitted, kept, hidden=None):
+        def logged_observe(outcome):
             before = dataclasses.replace(drafter.counts)
-            update(emitted, kept, hidden)
+            observe(outcome)
             if self.steps and "suffix" not in self.steps[-1]:
                 self.steps[-1]["suffix"] = drafter.counts.suffix_drafts - before.suffix_drafts
                 self.steps[-1]["model"] = drafter.counts.model_drafts - before.model_drafts
 
-        drafter.propose, drafter.update = logged_propose, logged_update
+        drafter.propose, drafter.observe = logged_propose, logged_observe
 
     @property
     def kinds(self) -> str:
@@ -86,8 +85,8 @@ def test_greedy_output_is_the_targets_own(tiny_pair, prompts, plain, k):
 
 
 def test_rows_joining_a_running_batch_keep_both_drafters_in_step(tiny_pair, prompts, plain):
-    """Continuous batching (what the server runs): rows join through fork and merge and leave through
-    select_rows; with a draft identical to the target every model draft is kept, so the model never lags."""
+    """Continuous batching (what the server runs): rows join and leave through the session's row changes
+    (relayout); with a draft identical to the target every model draft is kept, so the model never lags."""
     target, _ = tiny_pair
     drafter = SuffixModelDrafter(copy.deepcopy(target))
     gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=3)
@@ -131,13 +130,15 @@ LOOP = [5, 6, 7, 8] * 4
 def test_a_step_where_every_row_copies_runs_no_model_forward(tiny_pair):
     _, draft = tiny_pair
     drafter = SuffixModelDrafter(draft)
-    drafter.prefill(torch.tensor([LOOP, LOOP[1:] + [5]]), None)
-    drafter.update([[5], [6]], [0, 0])  # the model is lazy: it has fed nothing yet
-    assert drafter.max_drafts(3) == [3, 3]
-    assert drafter.drafts_free() and drafter.behind() == [0, 0]  # no forward this step: nothing to catch up on
+    rows = Driver(drafter)
+    rows.join([LOOP, LOOP[1:] + [5]])
+    rows.observe([[5], [6]])  # the model is lazy: it has fed nothing yet
+    outlook = rows.outlook(3)
+    assert outlook.drafts == [3, 3]
+    assert outlook.free and outlook.behind == [0, 0]  # no forward this step: nothing to catch up on
     calls = drafter.forward_calls
     sampling = BatchSampling([SamplingParams(1.0), SamplingParams(1.0)])
-    proposal = drafter.propose(3, DraftContext(sampling), torch.rand(2, 3, dtype=torch.float64), [3, 3])
+    proposal = rows.propose(3, [3, 3], sampling, torch.rand(2, 3, dtype=torch.float64))
     assert drafter.forward_calls == calls
     assert proposal.free and proposal.q is None  # deterministic drafts only
     assert proposal.tokens.tolist() == [[6, 7, 8], [7, 8, 5]]
@@ -146,34 +147,41 @@ def test_a_step_where_every_row_copies_runs_no_model_forward(tiny_pair):
 NOVEL = [9, 10, 11, 12]  # nothing to copy
 
 
+def model_behind(drafter: SuffixModelDrafter, rows: Driver) -> list[int]:
+    """The model's backlog per row (the tokens of each row's text its cache lacks)."""
+    return rows.part(drafter.model_drafter).outlook(3).behind
+
+
 def mixed_step(draft):
     """A drafter whose first row copies (LOOP) and second takes the model, after one proposal of 3 drafts."""
     drafter = SuffixModelDrafter(draft)
-    drafter.prefill(torch.tensor([LOOP, [0] * 12 + NOVEL]), torch.tensor([[True] * 16, [False] * 12 + [True] * 4]))
-    drafter.update([[5], [13]], [0, 0])
-    assert drafter.max_drafts(3) == [3, 3]
-    assert not drafter.drafts_free() and drafter.behind() == [17, 5]  # the model's backlog: prompt + first token
+    rows = Driver(drafter)
+    rows.join([LOOP, NOVEL])
+    rows.observe([[5], [13]])
+    outlook = rows.outlook(3)
+    assert outlook.drafts == [3, 3]
+    assert not outlook.free and outlook.behind == [17, 5]  # the model's backlog: prompt + first token
     calls = drafter.forward_calls
     sampling = BatchSampling([SamplingParams(1.0), SamplingParams(0.8)])
     uniforms = torch.rand(2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    proposal = drafter.propose(3, DraftContext(sampling), uniforms, [3, 3])
+    proposal = rows.propose(3, [3, 3], sampling, uniforms)
     assert drafter.forward_calls > calls and not proposal.free
-    return drafter, proposal
+    return drafter, rows, proposal
 
 
 def test_a_mixed_step_gives_the_copied_rows_one_hot_q(tiny_pair):
-    drafter, proposal = mixed_step(tiny_pair[1])
+    drafter, rows, proposal = mixed_step(tiny_pair[1])
     assert proposal.tokens[0].tolist() == [6, 7, 8]
     q = proposal.q
     assert q.shape == (2, 3, drafter.vocab_size)
     assert torch.equal(q[0], torch.nn.functional.one_hot(proposal.tokens[0], q.shape[-1]).to(q.dtype))
     assert ((q[1] > 0).sum(-1) > 1).all() and torch.allclose(q[1].sum(-1), torch.ones(3))  # the model's own
-    drafter.update([[6, 7, 8, 5], [proposal.tokens[1, 0].item(), 1]], [3, 1])
+    rows.observe([[6, 7, 8, 5], [proposal.tokens[1, 0].item(), 1]], [3, 1])
     assert drafter.counts.suffix_kept == 3 and drafter.counts.model_kept == 1
     # Whatever the model drew for the copied row, its cache and backlog hold each row's text, no more, no less.
     held = drafter.model_drafter.backend.lengths
-    assert [n + b for n, b in zip(held, drafter.behind())] == [16 + 1 + 4, 4 + 1 + 2]
-    assert drafter.behind()[1] == 1  # the model row: only the token after its kept draft
+    assert [n + b for n, b in zip(held, model_behind(drafter, rows))] == [16 + 1 + 4, 4 + 1 + 2]
+    assert model_behind(drafter, rows)[1] == 1  # the model row: only the token after its kept draft
 
 
 def test_the_model_drafts_from_the_copied_rows_text_after_a_mixed_step(tiny_pair):
@@ -183,17 +191,16 @@ def test_the_model_drafts_from_the_copied_rows_text_after_a_mixed_step(tiny_pair
     from specdecode.drafters import ModelDrafter
 
     _, draft = tiny_pair
-    drafter, proposal = mixed_step(draft)
+    drafter, rows, proposal = mixed_step(draft)
     second = proposal.tokens[1, 0].item()
-    drafter.update([[6, 7, 8, 5], [second, 1]], [3, 1])
+    rows.observe([[6, 7, 8, 5], [second, 1]], [3, 1])
     texts = [LOOP + [5, 6, 7, 8, 5], NOVEL + [13, second, 1]]
-    fresh = ModelDrafter(drafter.model_drafter.backend.fork(2))
-    fresh.prefill(torch.tensor([texts[0], [0] * 14 + texts[1]]), torch.tensor([[True] * 21, [False] * 14 +
-                                                                                [True] * 7]))
+    fresh = Driver(ModelDrafter(drafter.model_drafter.backend.fork(2)))
+    fresh.join(texts)
     sampling = BatchSampling([SamplingParams(1.0), SamplingParams(1.0)])
     uniforms = torch.full((2, 3), 0.5, dtype=torch.float64)
-    q = drafter.model_drafter.propose(3, DraftContext(sampling), uniforms, [3, 3]).q
-    expected = fresh.propose(3, DraftContext(sampling), uniforms, [3, 3]).q
+    q = rows.part(drafter.model_drafter).propose(3, [3, 3], sampling, uniforms).q
+    expected = fresh.propose(3, [3, 3], sampling, uniforms).q
     assert torch.allclose(q[:, 0], expected[:, 0], atol=1e-5)
 
 
@@ -308,12 +315,17 @@ def test_an_unknown_model_after_suffix_plus_is_named(tiny_model_dirs):
         check_options(ModelOptions(target=tiny_model_dirs["target"], draft="suffix+no-such-model"))
 
 
-def test_the_draft_models_tokenizer_must_be_the_targets(tiny_pair, tokenizer):
+def test_a_draft_model_of_another_tokenizer_drafts_through_its_text(tiny_pair, tokenizer):
+    from specdecode.drafters import CrossVocabDrafter
+
     target, draft = tiny_pair
     other = build_tokenizer(vocab_size=300)
-    with pytest.raises(VocabularyMismatchError, match="tokenizers differ"):
-        SpeculativeGenerator(LoadedModel(target, tokenizer, "t", "t"),
-                             SuffixModelDrafter(LoadedModel(draft, other, "d", "d")))
+    gen = SpeculativeGenerator(LoadedModel(target, tokenizer, "t", "t"),
+                               SuffixModelDrafter(LoadedModel(draft, other, "d", "d")), num_speculative_tokens=2)
+    assert isinstance(gen.drafter.model_drafter, CrossVocabDrafter)  # suffix+MODEL's MODEL, bridged
+    prompt = tokenizer("def quicksort(arr):")["input_ids"]
+    plain = AutoregressiveGenerator(target).generate([prompt], max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    assert gen.generate([prompt], max_new_tokens=8, temperature=0.0, ignore_eos=True).token_ids == plain.token_ids
     same = SuffixModelDrafter(LoadedModel(draft, tokenizer, "d", "d"))
     assert same.vocab_size == len(tokenizer) and same.model_tokenizer is tokenizer
     with pytest.raises(ValueError, match="min_score"):

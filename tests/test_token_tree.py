@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import tiny_qwen
+from drafting import Driver, asked
 from reference import assert_first_tokens_follow_target, assert_matches, exact_joint
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator, SuffixDrafter, SuffixHistory
 from specdecode.backends.hf import HFBackend
@@ -162,14 +163,13 @@ def test_the_suffix_tree_is_grown_best_first_and_is_the_chain_at_width_one():
 
 def test_the_drafter_proposes_trees_only_when_the_session_can_verify_them():
     history = SuffixHistory()
-    drafter = SuffixDrafter(history, tree_width=2)
+    drafter = Driver(SuffixDrafter(history, tree_width=2))
     for tail in ([4, 5], [4, 6], [4, 5]):
-        drafter.prefill(torch.tensor([[1, 2, 3] + tail]), None)
-        drafter.select_rows([])
-    drafter.prefill(torch.tensor([[1, 2, 3]]), None)
-    assert drafter.propose(3, None, None, [3]).parents is None
-    drafter.use_trees(True)
-    proposal = drafter.propose(3, None, None, drafter.max_drafts(3))
+        drafter.join([[1, 2, 3] + tail])
+        drafter.keep([])
+    drafter.join([[1, 2, 3]])
+    assert drafter.propose(3, [3]).parents is None
+    proposal = drafter.propose(3, drafter.max_drafts(3, trees=True))
     assert proposal.tokens.tolist() == [[4, 5, 6]] and proposal.parents == [[-1, 0, 0]]
     with pytest.raises(ValueError, match="tree_width"):
         SuffixDrafter(tree_width=0)
@@ -381,11 +381,12 @@ def test_llamacpp_rows_with_bushy_trees_keep_to_the_leaves_that_always_fit(smol_
     for branch in range(8):
         history.add(prompt + first + [4000 + 10 * branch + i for i in range(4)])
     drafter = SuffixDrafter(history, tree_width=8)
+    seen = asked(drafter)
     gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=8)
     result = gen.generate([prompt] * rows, max_new_tokens=10, temperature=0.0, ignore_eos=True)
     assert [len(t) for t in result.token_ids] == [10] * rows and result.token_ids[0][:1] == first
     assert result.stats.proposed_tokens >= 8 * rows  # every row drafted its 8-node tree at the first step
-    assert drafter.max_leaves == 5
+    assert seen and all(r.max_leaves == 5 for r in seen)
 
 
 def test_the_pair_builds_llamacpp_for_trees_only_when_asked(smol_path):
@@ -407,10 +408,11 @@ def test_llamacpp_verifies_chains_without_token_trees(smol_path):
     prompt = list(range(1000, 1040)) * 2
     plain = AutoregressiveGenerator(target).generate([prompt], max_new_tokens=24, temperature=0.0, ignore_eos=True)
     drafter = SuffixDrafter(tree_width=3)
+    seen = asked(drafter)
     got = SpeculativeGenerator(target, drafter, num_speculative_tokens=3).generate(
         [prompt], max_new_tokens=24, temperature=0.0, ignore_eos=True)
     assert got.token_ids == plain.token_ids and got.stats.proposed_tokens > 0
-    assert not drafter._trees
+    assert seen and not any(r.trees for r in seen)
 
 
 # ---------------------------------------------------------------------------------------------- model drafts
@@ -447,14 +449,10 @@ def test_model_draft_trees_sample_the_targets_joint(small_target, k, method, see
 
 
 def test_a_model_draft_tree_is_its_chain_and_the_next_best_first_tokens(tiny_pair):
-    from specdecode.drafters import DraftContext
-    from specdecode.exact.sampling import BatchSampling, SamplingParams
-
     target, draft = tiny_pair
-    drafter = _model_drafter(draft, 3)
-    drafter.prefill(torch.tensor([[5, 6, 7, 8]]), None)
-    drafter.use_trees(True)
-    proposal = drafter.propose(4, DraftContext(BatchSampling([SamplingParams(0.0)])), None, [4])
+    drafter = Driver(_model_drafter(draft, 3))
+    drafter.join([[5, 6, 7, 8]])
+    proposal = drafter.propose(4, [4], trees=True)
     assert proposal.parents == [[-1, 0, -1, -1]] and proposal.q is None
     first = draft(torch.tensor([[5, 6, 7, 8]])).logits[0, -1]
     assert proposal.tokens[0, [0, 2, 3]].tolist() == torch.topk(first, 3).indices.tolist()

@@ -1,10 +1,10 @@
 """auto after the cold-forward fix: plain vs auto vs fixed K at known acceptance, batch 1 and 4, interleaved."""
 import json, os, statistics, sys, time
+from common import setup  # first: it puts the checkout's root (benchmarks/) on sys.path
 import torch
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator
-from specdecode.bench.device_sections import _static, _sync
-from common import setup
-from specdecode.bench.replay_drafter import ReplayDrafter
+from benchmarks.device_sections import _static, _sync
+from benchmarks.replay_drafter import ReplayDrafter
 from specdecode.drafters.model import ModelDrafter
 
 plan, out, device, target, draft, vocab = setup()

@@ -1,10 +1,10 @@
 """Where a speculative step with K=0 (and auto's probes) spends time against plain decoding, batch 1 and 4."""
 import cProfile, io, json, os, pstats, sys, time, statistics
+from common import setup  # first: it puts the checkout's root (benchmarks/) on sys.path
 import torch
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator
-from specdecode.bench.device_sections import _static, _sync
-from common import setup
-from specdecode.bench.replay_drafter import ReplayDrafter
+from benchmarks.device_sections import _static, _sync
+from benchmarks.replay_drafter import ReplayDrafter
 from specdecode.drafters.model import ModelDrafter
 
 plan, out, device, target, draft, vocab = setup()

@@ -3,11 +3,13 @@
 shapes)."""
 import os
 import sys
+from pathlib import Path
 
 import torch
 
-from specdecode.bench.device_sections import Plan
-from specdecode.bench.random_models import SHAPES, build_qwen
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ lives in the checkout, not the package
+from benchmarks.device_sections import Plan  # noqa: E402
+from benchmarks.random_models import SHAPES, build_qwen  # noqa: E402
 
 
 def setup():

@@ -2,11 +2,11 @@
 times and a cProfile of each. On the lent machine: install the carried wheels into a folder, then
 PYTHONPATH=that:src python3 scripts/device_probes/transformers_assisted.py (--dry: tiny shapes on the CPU)."""
 import cProfile, io, json, os, pstats, sys, time
+from common import setup  # first: it puts the checkout's root (benchmarks/) on sys.path
 import torch
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator
 from specdecode.backends.hf import HFBackend
-from specdecode.bench.device_sections import _sync
-from common import setup
+from benchmarks.device_sections import _sync
 
 plan, out, device, target, draft, vocab = setup()
 k = 4

@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "SpeculativeGenerator": "engine.generators", "AutoregressiveGenerator": "engine.generators",
-    "TokenStream": "engine.generators",
+    "TokenStream": "engine.generators", "GenerationParams": "engine.params",
     "GenerationResult": "engine.results", "Stats": "engine.results", "RowStats": "engine.results",
     "TokenEvent": "engine.results", "SamplingParams": "exact.sampling", "VocabularyMismatchError": "text.vocab",
     "ModelDrafter": "drafters", "PromptLookupDrafter": "drafters", "SuffixDrafter": "drafters",

@@ -7,7 +7,8 @@ one for GPUs) are one file each, without touching the sampler or the loop.
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Callable, Protocol
 
 import torch
 
@@ -16,9 +17,8 @@ class ModelBackend(Protocol):
     vocab_size: int  # width of the logits returned (the vocabulary shared with the other model)
     device: torch.device
     max_positions: int | None  # the model's context length, when known
-    # Optional attributes, read through the functions below with their defaults: eos_token_ids (set[int]),
-    # max_rows (rows the cache holds at once; None: no limit), model (the underlying model object), name (str),
-    # single_token_from (the position from which a forward holds one token per row, so no draft pays; None: none).
+    # Optional: capabilities (a Capabilities: what it offers beyond these methods; by default worked out from the
+    # optional attributes, see `capabilities`), eos_token_ids (set[int]), model (the underlying model object), name.
 
     def reset(self, batch_size: int) -> None:
         """Start an empty cache for batch_size rows."""
@@ -91,6 +91,36 @@ class TokenTrees(Protocol):
 
     # Optional: tree_leaves (int), the most leaves a row's tree may have whatever the other rows' trees (llama.cpp:
     # each leaf past the first takes a spare sequence); read through tree_leaves() below, None when absent.
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend offers beyond ModelBackend's methods, as one value: the loop reads it once, when a session is
+    built, and never asks a backend for anything by name."""
+
+    max_rows: int | None = None  # rows its cache holds at once, forks included (llama.cpp's sequences); None: no limit
+    prefix_caching: bool = False  # PrefixCaching (park, kv_ref, load_prefixes, free_rows): prompts start from parked KV
+    trees: bool = False  # TokenTrees on this instance (forward_tree, keep_paths): a step may verify token trees
+    tree_leaves: int | None = None  # the most leaves a row's tree may have whatever the other rows' trees; None: any
+    forward_argmax: Callable | None = None  # ids -> argmax per new position, no logits handed over (argmax_forward)
+    single_token_from: int | None = None  # from this position a forward holds one token per row: no draft pays there
+    prefill_tile: int | None = None  # its forwards' numbers depend on their size: a prefill ends at a multiple of it
+    cold_forwards: Callable[[], int] | None = None  # its count of forwards far slower than steady (cold_forwards)
+
+
+def capabilities(backend) -> Capabilities:
+    """The backend's Capabilities: its own `capabilities` when it declares one, else worked out from the optional
+    methods and attributes this module documents (the one place that reads a backend by name)."""
+    declared = getattr(backend, "capabilities", None)
+    if isinstance(declared, Capabilities):
+        return declared
+    counted = hasattr(backend, "cold_forwards")
+    return Capabilities(max_rows=max_rows(backend), prefix_caching=caches_prefixes(backend),
+                        trees=verifies_trees(backend), tree_leaves=tree_leaves(backend),
+                        forward_argmax=argmax_forward(backend),
+                        single_token_from=getattr(backend, "single_token_from", None),
+                        prefill_tile=getattr(backend, "prefill_tile", None),
+                        cold_forwards=(lambda: backend.cold_forwards) if counted else None)
 
 
 def verifies_trees(backend) -> bool:
@@ -174,11 +204,11 @@ def pad(rows: list[list[int]], device, side: str = "left") -> tuple[torch.Tensor
     width = max(len(r) for r in rows)
     if all(len(r) == width for r in rows):
         return torch.tensor(rows, dtype=torch.long, device=device), None
-    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-    valid = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
-    for b, r in enumerate(rows):
-        if r:
-            span = slice(width - len(r), width) if side == "left" else slice(0, len(r))
-            ids[b, span] = torch.tensor(r, dtype=torch.long)
-            valid[b, span] = True
-    return ids, valid
+    # Built on the host in one piece and moved once: a copy per row into a device tensor would be a host-to-device
+    # copy each (on a GPU each waits for the copy), which a ragged batch of B rows paid B times per step.
+    fill = [[0] * (width - len(r)) for r in rows]
+    ids = torch.tensor([f + r if side == "left" else r + f for f, r in zip(fill, rows)], dtype=torch.long)
+    lengths = torch.tensor([len(r) for r in rows]).unsqueeze(1)
+    positions = torch.arange(width)
+    valid = positions >= width - lengths if side == "left" else positions < lengths
+    return ids.to(device), valid.to(device)

@@ -34,6 +34,7 @@ the model and context a backend and its forks share, llamacpp_context.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from pathlib import Path
@@ -402,10 +403,10 @@ def load(source, options):
 
     options.backend_options are LlamaCppBackend's keywords; exact_greedy asks for the exact mode, max_rows for that
     many rows, threads for llama.cpp's threads."""
-    from transformers import AutoTokenizer
+    from concurrent.futures import ThreadPoolExecutor
 
     from ..models.sources import LoadedModel, is_gguf, locate
-    from ..models.prepare import gguf_tokenizer_dir, prepare_gguf
+    from ..models.prepare import PreparedGguf, gguf_tokenizer_dir, preparing_gguf
 
     if not isinstance(source, (str, os.PathLike)):
         raise ValueError("the llama.cpp backend loads GGUF files, not a transformers model object: pass the "
@@ -421,8 +422,6 @@ def load(source, options):
                          f"asked for: use device cpu, or backend transformers for a GPU")
     _llama_cpp()  # the install hint, before any preparation
     path = Path(os.path.expanduser(name))
-    gguf, tokenizer_dir = (path, gguf_tokenizer_dir(path)) if path.is_file() else prepare_gguf(
-        name, progress=options.progress)
     keywords = dict(options.backend_options or {})
     if options.exact_greedy:
         keywords.setdefault("max_tokens_per_forward", EXACT_TOKENS_PER_FORWARD)
@@ -433,13 +432,29 @@ def load(source, options):
     if options.token_trees:
         keywords.setdefault("token_trees", True)
     keywords.setdefault("huge_pages", options.huge_pages)
-    model = LlamaCppBackend(gguf, name=name, **keywords)
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir)) if tokenizer_dir is not None else None
+    # The tokenizer is built (a first use) and loaded in a thread while llama.cpp loads the model in C, without the
+    # GIL: on a 2-core CPU the two overlap instead of adding up (preparing_gguf checks a new file meanwhile too).
+    with ThreadPoolExecutor(1, thread_name_prefix="specdecode-tokenizer") as pool, (
+            contextlib.nullcontext(PreparedGguf(path, pool.submit(gguf_tokenizer_dir, path))) if path.is_file()
+            else preparing_gguf(name, options.progress)) as prepared:
+        tokenizer = pool.submit(_tokenizer, prepared)  # after gguf_tokenizer_dir: one worker takes them in turn
+        model = LlamaCppBackend(prepared.path, name=name, **keywords)
+        tokenizer = tokenizer.result()
     if tokenizer is not None and len(tokenizer) < model.n_vocab:
         # An embedding padded past the tokenizer: logits of ids that no text can produce are dropped, as the
         # generators do for transformers models.
         model.vocab_size = len(tokenizer)
-    return LoadedModel(model, tokenizer, name, str(gguf), backend="llamacpp")
+    return LoadedModel(model, tokenizer, name, str(prepared.path), backend="llamacpp")
+
+
+def _tokenizer(prepared):
+    """The Hugging Face tokenizer saved for the GGUF (None where transformers cannot build one)."""
+    directory = prepared.tokenizer_dir()
+    # imported only now: the thread that built the tokenizer may be importing transformers, whose lazy module
+    # answers a second thread's import midway with "cannot import name"
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory)) if directory is not None else None
 
 
 def _installed() -> bool:

@@ -88,6 +88,8 @@ class StaticBackend:
         self._additive_mask = config._attn_implementation == "eager"  # eager adds the mask to the scores
         self._capacity = max_len + SPARE_SLOTS
         self.compile_mode = _compile_mode(compile, self.device)
+        # whether torch.compile captures CUDA graphs itself (then ours are off); read twice a step: kept, not derived
+        self._compile_graphs = self.device.type == "cuda" and self.compile_mode in ("reduce-overhead", "max-autotune")
         self._cache = _SlotCache(config, max_batch, self._capacity, self._dtype, self.device,
                                  static=self.compile_mode is not None)
         self._graphs_on = _graphs_wanted(cuda_graphs, self.device, self.compile_mode)
@@ -98,26 +100,27 @@ class StaticBackend:
         self._cold_sights = 2 if self._graphs_on or self._compile_graphs else 1 if self.compile_mode else 0
         self._graphs: dict[tuple, _CapturedStep] = {}
         self._sights: dict[tuple, int] = {}
+        self._masks: dict[tuple, torch.Tensor] = {}  # validity masks of unpadded rows, by (rows, real, width)
         self._pool = None
         self.cold_forwards = 0  # forwards of a shape's cold sights (base.py): the policy does not learn their time
         self.warmed: list[tuple] = []  # the step shapes warm_up() ran (warmup.py)
+        self.warm_up_report = None  # the last warm_up()'s WarmUpReport
         self.reset(1)
 
     @property
     def lengths(self) -> list[int]:
         return list(self._lengths)
 
-    @property
-    def _compile_graphs(self) -> bool:
-        """Whether torch.compile captures CUDA graphs itself (then ours are off)."""
-        return self.device.type == "cuda" and self.compile_mode in ("reduce-overhead", "max-autotune")
-
     def _compiled_step(self):
         import torch._dynamo.config as dynamo_config
 
         limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
         setattr(dynamo_config, limit, max(getattr(dynamo_config, limit), RECOMPILE_LIMIT))
-        return torch.compile(self._step, mode=self.compile_mode, dynamic=None)
+        # dynamic=True: one graph serves every batch, width and span (sizes 1 apart, which torch specializes), so a
+        # warm-up compiles a handful of graphs, not one per shape. Counted on the 42 step shapes of a 64-token
+        # warm-up at batch 1: dynamic=False compiles 42 graphs, None 8 (each static first, dynamic on its first
+        # change), True 4; a compile of a 24-layer model costs tens of seconds (docs/BENCHMARKS.md, device check).
+        return torch.compile(self._step, mode=self.compile_mode, dynamic=True)
 
     def step_shape(self, batch: int, n: int, past: int, last_only: bool = False, output_hidden: bool = False):
         """The shape a forward of n new tokens per row runs as, rows holding up to past tokens: (rows, width,
@@ -153,10 +156,13 @@ class StaticBackend:
             self._lengths = rows
 
     def warm_up(self, batches=(1,), seconds: float = 60.0, log=print):
-        """Every small step shape at these batch sizes, run before the first request (warmup.py)."""
+        """Every small step shape at these batch sizes, run before the first request (warmup.py); its report is
+        also kept as warm_up_report (a loader warms up before its caller can show anything)."""
         from .warmup import step_shapes, warm_up
 
-        return warm_up(self, step_shapes(self, [b for b in batches if b <= self.max_batch]), seconds, log)
+        self.warm_up_report = warm_up(self, step_shapes(self, [b for b in batches if b <= self.max_batch]), seconds,
+                                      log)
+        return self.warm_up_report
 
     @property
     def captured_graphs(self) -> int:
@@ -187,10 +193,9 @@ class StaticBackend:
         counts = [n] * batch if valid is None else valid.sum(dim=1).tolist()
         input_ids = input_ids.to(self.device)
         if key[1] > n:  # padded to the bucket: padding after each row's real tokens, outputs cut back to n
-            if valid is None:
-                valid = torch.ones(batch, n, dtype=torch.bool, device=self.device)
             input_ids = torch.nn.functional.pad(input_ids, (0, key[1] - n))
-            valid = torch.nn.functional.pad(valid.to(self.device, torch.bool), (0, key[1] - n), value=False)
+            valid = self._mask(batch, n, key[1]) if valid is None else \
+                torch.nn.functional.pad(valid.to(self.device, torch.bool), (0, key[1] - n), value=False)
         logits, hidden = self._run(key, input_ids, valid)
         if key[1] > n:
             logits = logits if last_only else logits[:, :n]
@@ -214,9 +219,10 @@ class StaticBackend:
         other = copy.copy(self)
         other.max_batch = batch_size
         other._cache = _SlotCache(self.config, batch_size, self._capacity, self._dtype, self.device)
-        other._graphs_on, other._graphs, other._sights, other._pool = False, {}, {}, None
+        other._graphs_on, other._graphs, other._sights, other._pool, other._masks = False, {}, {}, None, {}
         # eager too: compiled steps are guarded on (and compile's graphs hold) this one's cache tensors
         other._step_fn, other._buckets, other._cold_sights, other.compile_mode = other._step, (), 0, None
+        other._compile_graphs = False
         other.reset(batch_size)
         return other
 
@@ -263,7 +269,7 @@ class StaticBackend:
                 return captured.run(input_ids, valid, past)
         batch, n, span, last_only, output_hidden = key
         if valid is None:
-            valid = torch.ones(batch, n, dtype=torch.bool, device=self.device)
+            valid = self._mask(batch, n, n)
         step = self._step_fn if small else self._step  # prefill: eager, one-off widths would each compile
         if small and self._compile_graphs:
             torch.compiler.cudagraph_mark_step_begin()
@@ -272,6 +278,15 @@ class StaticBackend:
         if small and self._compile_graphs:  # compile's graph outputs are overwritten by its next replay
             return logits.clone(), (hidden.clone() if hidden is not None else None)
         return logits, hidden
+
+    def _mask(self, batch: int, real: int, width: int) -> torch.Tensor:
+        """[batch, width] bool: the first `real` tokens of every row real, the rest padding. Built once per shape and
+        only read (the step and the captured graphs copy from it): a step of unpadded rows allocates no mask."""
+        key = (batch, real, width)
+        if key not in self._masks:
+            mask = torch.arange(width, device=self.device) < real
+            self._masks[key] = mask.expand(batch, width).contiguous()  # contiguous: compiled steps guard on strides
+        return self._masks[key]
 
     def _captured(self, key: tuple, input_ids, valid, past) -> _CapturedStep | None:
         """The graph of this step shape, captured the second time the shape is seen (one-offs stay eager)."""

@@ -43,8 +43,11 @@ from typing import Callable
 
 import torch
 
-from ..pairing.draft_choice import DraftCosts, choose_draft, machine_name
-from ..drafters import ModelDrafter, PromptLookupDrafter, SuffixDrafter, SuffixModelDrafter
+from ..pairing.draft_choice import (CROSS_TOKENIZER_ACCEPTANCE, TYPICAL_ACCEPTANCE, DraftCosts, choose_draft,
+                                    machine_name)
+from ..drafters import CrossVocabDrafter, ModelDrafter, PromptLookupDrafter, SuffixDrafter, SuffixModelDrafter
+from ..drafters.cross_vocab import across_tokenizers
+from ..text.vocab import unwrap_model
 from ..engine.generators import AutoregressiveGenerator, SpeculativeGenerator
 from ..policy.estimates import expected_tokens
 from .costs import measure_costs
@@ -128,12 +131,28 @@ def drafters_to_try(draft) -> tuple[dict, dict]:
     return drafters, skipped
 
 
+def _bridged(target, draft):
+    """A draft model of another tokenizer than the target's (alone or suffix+MODEL's) as the CrossVocabDrafter every
+    run shares (built once: reading two vocabularies takes seconds); any other draft as it is."""
+    if draft is None or isinstance(draft, (PromptLookupDrafter, SuffixDrafter)):
+        return draft
+    target_tokenizer = unwrap_model(target)[1]
+    if isinstance(draft, SuffixModelDrafter):
+        return across_tokenizers(draft, draft.model_tokenizer, target_tokenizer)[0]
+    model, tokenizer = unwrap_model(draft)
+    bridged, _ = across_tokenizers(model, tokenizer, target_tokenizer)
+    return bridged if isinstance(bridged, CrossVocabDrafter) else draft
+
+
 # ----------------------------------------------------------------------------------------------- measuring
 def measure_draft_cost(draft_model, prompt_ids: list[list[int]], target_step_s: float, repeats: int) -> dict:
     """The draft model's forwards of 1 and 2 tokens (measure_costs, on the draft as a target) and of each prompt
     (the fastest of two), in ms and as a DraftCost in target steps. draft_model: a model, or a ModelDrafter (its
     backend is timed)."""
-    alone = AutoregressiveGenerator(draft_model.backend if isinstance(draft_model, ModelDrafter) else draft_model)
+    if isinstance(draft_model, CrossVocabDrafter):  # a draft of another tokenizer reads its own tokens of the prompts
+        prompt_ids = [draft_model.draft_tokens(ids) for ids in prompt_ids]
+    bare = isinstance(draft_model, (ModelDrafter, CrossVocabDrafter))
+    alone = AutoregressiveGenerator(draft_model.backend if bare else draft_model)
     costs = measure_costs(alone, prompt_ids[0], [1], repeats)
     prefill = statistics.mean(min(_prompt_seconds(alone.target, ids) for _ in range(2)) for ids in prompt_ids)
     step_s, pair_s = costs["target_step_ms"] / 1000, costs["verify_ms"]["1"] / 1000
@@ -162,7 +181,7 @@ def advise(target, draft, prompt_ids: list[list[int]], max_new_tokens: int = 64,
         raise ValueError("advise needs prompts, max_new_tokens >= 2 and max_k >= 1")
     progress = progress or (lambda _label: None)
     started = time.time()
-    drafters, skipped = drafters_to_try(draft)
+    drafters, skipped = drafters_to_try(_bridged(target, draft))
     plain = AutoregressiveGenerator(target)
     costs = measure_costs(plain, prompt_ids[0], list(range(1, max_k + 1)), cost_repeats)
     target_step_s = costs["target_step_ms"] / 1000
@@ -196,18 +215,22 @@ def advise(target, draft, prompt_ids: list[list[int]], max_new_tokens: int = 64,
         "skipped": skipped,
         "roofline": roof,
         "recommendation": recommend(reports, roof, verify),
-        "draft_auto": draft_auto(draft_costs, verify, costs["target_step_ms"]),
+        "draft_auto": draft_auto(draft_costs, verify, costs["target_step_ms"],
+                                 CROSS_TOKENIZER_ACCEPTANCE if isinstance(model, CrossVocabDrafter)
+                                 else TYPICAL_ACCEPTANCE),
     }
 
 
-def draft_auto(draft_costs: dict | None, verify: dict[int, float], target_step_ms: float) -> dict | None:
-    """What `--draft auto` decides from these costs (draft_choice.choose_draft, the same arithmetic), and the
-    costs as it records them; None without a draft model."""
+def draft_auto(draft_costs: dict | None, verify: dict[int, float], target_step_ms: float,
+               acceptance: float = TYPICAL_ACCEPTANCE) -> dict | None:
+    """What `--draft auto` decides from these costs (draft_choice.choose_draft, the same arithmetic; acceptance:
+    what the model must pay at, a draft of another tokenizer's lower one), and the costs as it records them; None
+    without a draft model."""
     if draft_costs is None:
         return None
     costs = DraftCosts(draft_costs["cost"].step, dict(verify), target_step_ms, datetime.date.today().isoformat(),
                        machine_name())
-    choice = choose_draft("MODEL", costs)
+    choice = choose_draft("MODEL", costs, acceptance=acceptance)
     return {"draft": choice.draft, "model_can_pay": choice.uses_model, "text": choice.reason,
             "costs": costs.to_dict()}
 

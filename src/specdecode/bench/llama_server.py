@@ -58,18 +58,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class LlamaServer:
-    """A llama-server process on 127.0.0.1: `with LlamaServer(...) as server: server.url`."""
+class ServerProcess:
+    """A server process on 127.0.0.1 (a port the OS picks), started with `command` and stopped when done: `with
+    Server(...) as server: server.url`. It waits for /health; its output goes to a log file whose tail is quoted
+    when it fails to start. `env`: variables set for it beside this process's."""
 
-    def __init__(self, binary: str, gguf: str, threads: int, context: int, parallel: int = 1,
-                 extra_args: tuple = (), startup_timeout_s: float = 300.0):
-        if parallel < 1 or context < 1 or threads < 1:
-            raise ValueError(f"llama-server needs threads, context and parallel >= 1, got {threads}, {context}, "
-                             f"{parallel}")
-        self.binary, self.gguf = binary, str(gguf)
-        self.threads, self.context, self.parallel = threads, context, parallel
-        self.extra_args = tuple(extra_args)
+    name = "the server"
+
+    def __init__(self, startup_timeout_s: float = 300.0, env: dict[str, str] | None = None):
         self.startup_timeout_s = startup_timeout_s
+        self.env = dict(env or {})
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
@@ -77,16 +75,14 @@ class LlamaServer:
 
     @property
     def command(self) -> list[str]:
-        # -c is the whole KV cache, shared by the -np slots: each slot gets `context` positions
-        return [self.binary, "-m", self.gguf, "--jinja", "--host", "127.0.0.1", "--port", str(self.port),
-                "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.context * self.parallel),
-                "-np", str(self.parallel), "-ngl", "0", *self.extra_args]
+        raise NotImplementedError
 
-    def start(self) -> "LlamaServer":
-        fd, self.log_path = tempfile.mkstemp(prefix="specdecode-llama-server-", suffix=".log")
+    def start(self):
+        fd, self.log_path = tempfile.mkstemp(prefix=f"specdecode-{self.name.split()[-1]}-", suffix=".log")
         with os.fdopen(fd, "wb") as log:
             self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            env={**os.environ, **self.env} if self.env else None)
         try:
             self._wait_healthy()
         except BaseException:
@@ -100,7 +96,7 @@ class LlamaServer:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"llama-server exited with code {self.process.returncode} before it was ready: "
+                raise RuntimeError(f"{self.name} exited with code {self.process.returncode} before it was ready: "
                                    f"{' '.join(self.command)}\n{self.log_tail()}")
             try:  # 503 while the model loads, 200 once it serves
                 if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
@@ -108,7 +104,7 @@ class LlamaServer:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise TimeoutError(f"llama-server was not ready within {self.startup_timeout_s:g} s: "
+        raise TimeoutError(f"{self.name} was not ready within {self.startup_timeout_s:g} s: "
                            f"{' '.join(self.command)}\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 12) -> str:
@@ -130,11 +126,34 @@ class LlamaServer:
             os.unlink(self.log_path)
         self.log_path = None
 
-    def __enter__(self) -> "LlamaServer":
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class LlamaServer(ServerProcess):
+    """A llama-server process on 127.0.0.1: `with LlamaServer(...) as server: server.url`."""
+
+    name = "llama-server"
+
+    def __init__(self, binary: str, gguf: str, threads: int, context: int, parallel: int = 1,
+                 extra_args: tuple = (), startup_timeout_s: float = 300.0):
+        if parallel < 1 or context < 1 or threads < 1:
+            raise ValueError(f"llama-server needs threads, context and parallel >= 1, got {threads}, {context}, "
+                             f"{parallel}")
+        super().__init__(startup_timeout_s)
+        self.binary, self.gguf = binary, str(gguf)
+        self.threads, self.context, self.parallel = threads, context, parallel
+        self.extra_args = tuple(extra_args)
+
+    @property
+    def command(self) -> list[str]:
+        # -c is the whole KV cache, shared by the -np slots: each slot gets `context` positions
+        return [self.binary, "-m", self.gguf, "--jinja", "--host", "127.0.0.1", "--port", str(self.port),
+                "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.context * self.parallel),
+                "-np", str(self.parallel), "-ngl", "0", *self.extra_args]
 
 
 def _signal(process: subprocess.Popen, sig: int) -> None:

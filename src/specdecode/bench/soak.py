@@ -4,8 +4,12 @@ For `duration_s`, `concurrency` clients each send request after request, each of
 (a fixed, seeded order): well-formed requests of every kind the server takes (streamed and not, json_schema, tools,
 logprobs, n > 1, seeded sampling) and faults (a stream dropped mid-way, a request cancelled, a malformed body, a
 prompt longer than the context, an unknown model, a client timeout). Every prompt carries its request's number, so
-an answer given to the wrong request shows. Meanwhile /metrics is read every `scrape_every_s`: the process's RSS,
-the prefix cache's and suffix history's tokens and bounds.
+an answer given to the wrong request shows; the json_schema requests cycle through `schemas` distinct schemas, so a
+grammar cache smaller than that fills. Meanwhile /metrics is read every `scrape_every_s`: the process's RSS, what
+malloc holds, and what each bounded cache holds against its bound (soak_memory.py). The first quarter of the run is
+a warm-up: then the load pauses until the server holds no request, and that idle point is what the rest is measured
+against (whether each cache had reached its bound, and what the server kept per request by the idle point after the
+load); the load pauses so once more halfway, for what the second half kept.
 
 After the load, each greedy and seeded request kept aside (`replays` of them) is sent again alone: its answer must
 equal the one it got under load (nothing lost or cross-wired between requests). A greedy completion that parts is
@@ -24,18 +28,19 @@ import json
 import random
 import statistics
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import httpx
+
+from .soak_memory import RSS_GROWTH_LIMIT, WARMUP_FRACTION, memory_summary, scrape  # noqa: F401  (where they were)
 
 CLASSES = ("completion", "chat_stream", "json_schema", "tools", "logprobs", "n_choices", "seeded", "drop_stream",
            "cancel", "malformed", "too_long", "unknown_model", "client_timeout")
 BAD_INPUT = {"malformed", "too_long", "unknown_model"}  # must be answered 4xx with a message
 NO_ANSWER = {"drop_stream", "cancel", "client_timeout"}  # the client goes away: no status to judge
-WARMUP_FRACTION = 0.25  # memory is judged flat against its level at the end of the first quarter of the run
 NEAR_TIE_NATS = 0.05  # a greedy replay that parts where the two likeliest tokens are this close: a near-tie flip
-RSS_GROWTH_LIMIT = 0.10  # flat: the RSS after warm-up stays within 10% of the warm level
+KEEPALIVE_S = 2.0  # seconds an idle connection is kept for the next request
 DRAIN_S = 15.0  # after the load, the server must hold no request within this long (nothing left behind)
 WORDS = ("def", "sort", "list", "value", "return", "class", "import", "print", "data", "loop", "index", "key")
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -58,6 +63,8 @@ class SoakSettings:
     model: str | None = None
     api_key: str | None = None
     classes: tuple = CLASSES
+    schemas: int = 16  # distinct json schemas the json_schema requests cycle through (what a grammar cache holds)
+    prime_tokens: int = 1024  # a prompt this long (at most the context) first: the largest forwards' buffers touched
 
     def __post_init__(self):
         unknown = set(self.classes) - set(CLASSES)
@@ -65,8 +72,10 @@ class SoakSettings:
             raise ValueError(f"unknown soak classes: {', '.join(sorted(unknown))}; use some of {', '.join(CLASSES)}")
         if not self.classes:
             raise ValueError("give at least one soak class")
-        if self.duration_s <= 0 or self.concurrency < 1 or self.max_tokens < 1 or self.scrape_every_s <= 0:
-            raise ValueError("duration_s and scrape_every_s must be > 0, concurrency and max_tokens >= 1")
+        if self.duration_s <= 0 or self.concurrency < 1 or self.max_tokens < 1 or self.scrape_every_s <= 0 \
+                or self.schemas < 1 or self.prime_tokens < 0:
+            raise ValueError("duration_s and scrape_every_s must be > 0, concurrency, max_tokens and schemas >= 1, "
+                             "prime_tokens >= 0")
         self.url = self.url.rstrip("/").removesuffix("/v1")
 
 
@@ -88,6 +97,12 @@ class Server:
     model: str
     context_length: int | None
     samples: list = field(default_factory=list)  # memory over time
+    warm: dict | None = None  # the idle scrape at the end of the warm-up
+    half: dict | None = None  # the idle scrape halfway
+    end: dict | None = None  # the idle scrape after the load
+    measured: int = 0  # requests sent between the warm-up's and the load's idle scrapes
+    second_half: int = 0  # requests sent between the halfway and the load's idle scrapes
+    primed: dict | None = None  # the long prompt sent first: its tokens and status
 
 
 def _prompt(index: int, rng: random.Random) -> str:
@@ -107,8 +122,8 @@ def _body(cls: str, index: int, rng: random.Random, s: SoakSettings, server: Ser
                                         "stream_options": {"include_usage": True}}
     if cls == "json_schema":
         return "/v1/chat/completions", {**base, "messages": chat, "temperature": 0, "max_tokens": s.max_tokens,
-                                        "response_format": {"type": "json_schema",
-                                                            "json_schema": {"name": "thing", "schema": SCHEMA}}}
+                                        "response_format": {"type": "json_schema", "json_schema": {
+                                            "name": "thing", "schema": _schema(index % s.schemas)}}}
     if cls == "tools":
         return "/v1/chat/completions", {**base, "messages": chat, "tools": TOOLS, "temperature": 0}
     if cls == "logprobs":
@@ -131,6 +146,12 @@ def _body(cls: str, index: int, rng: random.Random, s: SoakSettings, server: Ser
     if cls == "unknown_model":
         return "/v1/chat/completions", {**base, "model": f"no-such-model-{index}", "messages": chat}
     raise ValueError(cls)
+
+
+def _schema(variant: int) -> dict:
+    """SCHEMA with its name's maxLength moved by `variant`: another grammar for the server to compile and keep."""
+    name = {**SCHEMA["properties"]["name"], "maxLength": SCHEMA["properties"]["name"]["maxLength"] + variant}
+    return {**SCHEMA, "properties": {**SCHEMA["properties"], "name": name}}
 
 
 MALFORMED = [b"{not json", b"", b"[1, 2, 3]", b'{"prompt": 3}', b'{"messages": "hi"}', b'{"prompt": "a", "n": -1}',
@@ -158,16 +179,19 @@ async def _send(http: httpx.AsyncClient, cls: str, index: int, path: str, body, 
                 async for _ in r.aiter_bytes():
                     break  # the first chunk, then the client goes away
         elif cls == "cancel":
-            task = asyncio.ensure_future(http.post(path, content=content, headers=headers))
-            await asyncio.sleep(0.05 + 0.2 * (index % 5) / 5)
-            if task.done():
-                outcome.status = task.result().status_code
-            else:
-                task.cancel()
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    pass
+            # a client of its own, closed with its connection: a request cancelled mid-way can leave its connection
+            # held in a shared pool, and a cancel-only soak then starved the other requests and the scrapes
+            async with httpx.AsyncClient(base_url=http.base_url, headers=http.headers, timeout=http.timeout) as own:
+                task = asyncio.ensure_future(own.post(path, content=content, headers=headers))
+                await asyncio.sleep(0.05 + 0.2 * (index % 5) / 5)
+                if task.done():
+                    outcome.status = task.result().status_code
+                else:
+                    task.cancel()
+                    try:
+                        await task
+                    except asyncio.CancelledError:
+                        pass
         elif cls == "client_timeout":
             try:
                 r = await http.post(path, content=content, headers=headers, timeout=0.05 + 0.05 * (index % 3))
@@ -238,31 +262,12 @@ def _error_message(r: httpx.Response) -> str | None:
     return error.get("message") if isinstance(error, dict) and isinstance(error.get("message"), str) else None
 
 
-def _scrape(text: str) -> dict:
-    """The memory figures of one /metrics text (summed over replicas when the server has several)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    wanted = {"process_resident_memory_bytes": "rss_bytes", "specdecode_prefix_cache_tokens": "cache_tokens",
-              "specdecode_prefix_cache_max_tokens": "cache_max_tokens", "specdecode_prefix_cache_bytes": "cache_bytes",
-              "specdecode_suffix_history_tokens": "history_tokens",
-              "specdecode_suffix_history_max_tokens": "history_max_tokens",
-              "specdecode_suffix_history_bytes": "history_bytes", "specdecode_running_requests": "running",
-              "specdecode_malloc_in_use_bytes": "malloc_bytes", "specdecode_malloc_free_bytes": "malloc_free_bytes",
-              "specdecode_queue_depth": "queued"}
-    figures: dict = defaultdict(float)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in wanted:
-                figures[wanted[sample.name]] += sample.value
-    return dict(figures)
-
-
 async def _watch(http: httpx.AsyncClient, server: Server, t0: float, every: float, stop: asyncio.Event) -> None:
     while True:
         try:
             r = await http.get("/metrics", timeout=10)
             if r.status_code == 200:
-                server.samples.append({"t_s": time.perf_counter() - t0, **_scrape(r.text)})
+                server.samples.append({"t_s": time.perf_counter() - t0, **scrape(r.text)})
         except httpx.HTTPError:
             pass
         try:
@@ -280,7 +285,7 @@ async def _drain(http: httpx.AsyncClient, server: Server, t0: float, within_s: f
         try:
             r = await http.get("/metrics", timeout=10)
             if r.status_code == 200:
-                server.samples.append({"t_s": time.perf_counter() - t0, **_scrape(r.text)})
+                server.samples.append({"t_s": time.perf_counter() - t0, **scrape(r.text)})
                 if not server.samples[-1].get("running") and not server.samples[-1].get("queued"):
                     return
         except httpx.HTTPError:
@@ -288,6 +293,26 @@ async def _drain(http: httpx.AsyncClient, server: Server, t0: float, within_s: f
         if time.perf_counter() > deadline:
             return
         await asyncio.sleep(0.25)
+
+
+async def _idle(http: httpx.AsyncClient, server: Server, t0: float) -> dict | None:
+    """The scrape once the server holds no request (None if it still held some after DRAIN_S)."""
+    await _drain(http, server, t0)
+    last = server.samples[-1] if server.samples else {}
+    return None if last.get("running") or last.get("queued") or "rss_bytes" not in last else last
+
+
+async def _prime(http: httpx.AsyncClient, server: Server, tokens: int) -> dict | None:
+    """One long prompt before the load. A backend's buffers for a forward are paged in by the first forward that
+    large (llama.cpp's compute buffers: malloc counts them whole from the start, RSS only as they are touched; on
+    SmolLM2 a 512-token prompt took RSS 13 MiB past a short one's), so a soak of short requests saw RSS step up
+    whenever its forwards happened to be wider than before. This pages them in at the start."""
+    tokens = min(tokens, (server.context_length or tokens) - 2)
+    if tokens < 1:
+        return None
+    r = await http.post("/v1/completions", json={"model": server.model, "prompt": [7] * tokens, "max_tokens": 1,
+                                                 "temperature": 0})
+    return {"tokens": tokens, "status": r.status_code}
 
 
 async def _describe(http: httpx.AsyncClient, s: SoakSettings) -> Server:
@@ -299,30 +324,43 @@ async def _describe(http: httpx.AsyncClient, s: SoakSettings) -> Server:
 
 async def run_soak(s: SoakSettings) -> tuple[list[Outcome], list[dict], Server, float]:
     headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else {}
-    limits = httpx.Limits(max_connections=s.concurrency * 2 + 4)
-    async with httpx.AsyncClient(base_url=s.url, timeout=s.timeout_s, headers=headers, limits=limits) as http:
-        server = await _describe(http, s)
+    # idle connections dropped before a server's keep-alive ends (uvicorn's: 5 s, httpx's default too): a request
+    # sent on one the server is closing fails with a ReadError (1 in 7,003 in a soak with idle pauses)
+    limits = httpx.Limits(max_connections=s.concurrency * 2 + 4, keepalive_expiry=KEEPALIVE_S)
+    async with httpx.AsyncClient(base_url=s.url, timeout=s.timeout_s, headers=headers, limits=limits) as http, \
+            httpx.AsyncClient(base_url=s.url, timeout=s.timeout_s, headers=headers) as monitor:
+        # the scrapes and replays on connections of their own: whatever the load does to its pool, they get through
+        server = await _describe(monitor, s)
+        server.primed = await _prime(monitor, server, s.prime_tokens)
         outcomes: list[Outcome] = []
         counter = iter(range(10**9))
+        rngs = [random.Random(f"{s.seed}/{c}") for c in range(s.concurrency)]
         t0 = time.perf_counter()
-        end = t0 + s.duration_s
         stop = asyncio.Event()
-        watcher = asyncio.create_task(_watch(http, server, t0, s.scrape_every_s, stop))
+        watcher = asyncio.create_task(_watch(monitor, server, t0, s.scrape_every_s, stop))
 
-        async def client(c: int):
-            local = random.Random(f"{s.seed}/{c}")
-            while time.perf_counter() < end:
+        async def client(c: int, until: float):
+            while time.perf_counter() < until:
                 index = next(counter)
                 cls = s.classes[index % len(s.classes)]
-                path, body = _body(cls, index, local, s, server)
+                path, body = _body(cls, index, rngs[c], s, server)
                 outcomes.append(await _send(http, cls, index, path, body, s))
 
-        await asyncio.gather(*(client(c) for c in range(s.concurrency)))
-        wall = time.perf_counter() - t0
-        stop.set()
-        await watcher
-        await _drain(http, server, t0)
-        replays = await _replay(http, outcomes, s.replays)
+        # three stretches of load, each followed by an idle scrape: the warm-up (the caches reach their bounds), the
+        # first half's rest, the second half; growth between idle points is kept, not in flight
+        idle, sent = [], []
+        for share in (WARMUP_FRACTION, 0.5 - WARMUP_FRACTION, 0.5):
+            until = time.perf_counter() + share * s.duration_s
+            await asyncio.gather(*(client(c, until) for c in range(s.concurrency)))
+            if len(idle) == 2:
+                wall = time.perf_counter() - t0
+                stop.set()
+                await watcher
+            idle.append(await _idle(monitor, server, t0))
+            sent.append(len(outcomes))
+        server.warm, server.half, server.end = idle
+        server.measured, server.second_half = sent[2] - sent[0], sent[2] - sent[1]
+        replays = await _replay(monitor, outcomes, s.replays)
         return outcomes, replays, server, wall
 
 
@@ -375,32 +413,6 @@ def _percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def memory_summary(samples: list[dict], duration_s: float) -> dict:
-    """RSS's peak during warm-up against its peak after it, and the caches' largest size against their bounds."""
-    warm = [x for x in samples if x["t_s"] <= WARMUP_FRACTION * duration_s and "rss_bytes" in x]
-    after = [x for x in samples if x["t_s"] > WARMUP_FRACTION * duration_s and "rss_bytes" in x]
-    summary: dict = {"samples": len(samples)}
-    if warm and after:
-        level = max(x["rss_bytes"] for x in warm)  # the warm level: what warm-up reached
-        peak = max(x["rss_bytes"] for x in after)
-        summary.update(rss_warm_mib=level / 2**20, rss_peak_after_warmup_mib=peak / 2**20,
-                       rss_last_mib=after[-1]["rss_bytes"] / 2**20, rss_growth=(peak - level) / level)
-        if warm[-1].get("malloc_bytes") and after[-1].get("malloc_bytes"):  # what malloc holds (glibc servers)
-            summary.update(malloc_warm_mib=warm[-1]["malloc_bytes"] / 2**20,
-                           malloc_last_mib=after[-1]["malloc_bytes"] / 2**20)
-    for name in ("cache", "history"):
-        held = [x.get(f"{name}_tokens", 0) for x in samples]
-        bound = max((x.get(f"{name}_max_tokens", 0) for x in samples), default=0)
-        summary[f"{name}_tokens_max"] = max(held, default=0)
-        summary[f"{name}_max_tokens"] = bound
-        summary[f"{name}_within_bound"] = not bound or max(held, default=0) <= bound
-    growth = summary.get("rss_growth")
-    summary["flat"] = growth is not None and growth <= RSS_GROWTH_LIMIT
-    last = samples[-1] if samples else {}
-    summary["drained"] = bool(samples) and not last.get("running") and not last.get("queued")
-    return summary
-
-
 def summarize_soak(outcomes: list[Outcome], replays: list[dict], server: Server, wall_s: float,
                    s: SoakSettings) -> dict:
     per_class = {}
@@ -413,19 +425,22 @@ def summarize_soak(outcomes: list[Outcome], replays: list[dict], server: Server,
                           "p50_s": statistics.median(answered) if answered else None,
                           "p99_s": _percentile(answered, 0.99), "violations": len(errors),
                           "examples": errors[:5], "notes": dict(Counter(o.note for o in mine if o.note))}
-    memory = memory_summary(server.samples, wall_s)
+    memory = memory_summary(server.samples, wall_s, server.warm, server.end, server.measured, server.half,
+                            server.second_half)
     server_errors = sum(1 for o in outcomes if o.status is not None and o.status >= 500)
     violations = sum(c["violations"] for c in per_class.values())
     mismatched = [r for r in replays if not r["equal"]]
     ties = [r for r in mismatched if r.get("near_tie")]
     ok = (violations == 0 and len(mismatched) == len(ties) and memory["flat"] and memory["drained"]
-          and memory["cache_within_bound"] and memory["history_within_bound"])
+          and memory["cache_within_bound"] and memory["history_within_bound"] and memory["grammar_within_bound"])
     config = {k: v for k, v in asdict(s).items() if k != "api_key"}
     return {"config": config, "model": server.model, "context_length": server.context_length, "wall_s": wall_s,
             "requests": len(outcomes), "server_errors": server_errors, "violations": violations,
             "classes": per_class, "replays": {"checked": len(replays), "equal": len(replays) - len(mismatched),
                                               "near_ties": len(ties), "mismatched": mismatched},
-            "memory": memory, "memory_samples": server.samples, "ok": ok}
+            "memory": memory, "memory_samples": server.samples, "ok": ok,
+            "warmup_end_s": server.warm["t_s"] if server.warm else WARMUP_FRACTION * wall_s,
+            "halfway_s": server.half["t_s"] if server.half else None, "primed": server.primed}
 
 
 def bench_soak(s: SoakSettings) -> dict:
@@ -446,7 +461,10 @@ def plot_memory(report: dict, path) -> None:
     top.plot(t, [x.get("rss_bytes", 0) / 2**20 for x in samples], label="RSS")
     if any(x.get("malloc_bytes") for x in samples):  # in use: what a leak would grow; RSS less it, the rest
         top.plot(t, [x.get("malloc_bytes", 0) / 2**20 for x in samples], label="malloc in use")
-    top.axvline(WARMUP_FRACTION * report["wall_s"], color="grey", linestyle=":", label="end of warm-up")
+    warm_end = report.get("warmup_end_s", WARMUP_FRACTION * report["wall_s"])
+    top.axvline(warm_end, color="grey", linestyle=":", label="end of warm-up (idle)")
+    if report.get("halfway_s"):
+        top.axvline(report["halfway_s"], color="grey", linestyle="--", label="halfway (idle)")
     top.set_ylabel("MiB")
     top.legend(loc="lower right")
     for name, label in (("cache", "prefix cache"), ("history", "suffix history")):

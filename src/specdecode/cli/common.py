@@ -88,10 +88,19 @@ def check_generation_args(max_new_tokens: int, stop: Optional[list] = None, batc
 # ---------------------------------------------------------------------------------------------- loading
 def quiet_transformers() -> None:
     """transformers' own progress bars ("Loading weights") would tear the CLI's display and write carriage
-    returns into logs; the CLI shows its own status. Switched off with transformers' own switch."""
-    from transformers.utils import logging as hf_logging
+    returns into logs; the CLI shows its own status. Switched off with transformers' own switch where it is
+    imported already, else with huggingface_hub's, which transformers reads when it is imported: importing it here
+    would cost its seconds before the load, where a llama.cpp load imports it in a thread beside its own."""
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
+        hf_logging.disable_progress_bar()
+    elif "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    else:
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 
 
 def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] = None, rows: int = 1):
@@ -108,18 +117,25 @@ def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] 
     quiet_transformers()
     announce = (err.is_terminal if announce is None else announce) and not quiet
     status = err.status if not quiet and err.is_terminal else _no_status
+    if opts.compile and not quiet:  # said before the wait it explains
+        err.print("--compile: each model's step shapes are compiled (torch.compile) and run once while it loads, "
+                  "before the first request", markup=False, soft_wrap=True)
     start = time.perf_counter()
     with (status(f"loading target {opts.target}"), prepare_progress(not quiet) as progress,
           draft_prepared_alongside(opts)):
         target = load_target(opts, rows, progress)
     if announce:
         _announce("target", opts.target, target, time.perf_counter() - start)
+    if opts.compile and not quiet:
+        _warm_up_line("target", target)
     with prepare_progress(not quiet) as progress:
         choice, model = resolve_auto_draft(opts, target, rows, progress, measuring=lambda: status(
-            "--draft auto: timing the draft model against the target, once on this machine"))
+            "--draft auto: timing whether a draft model can pay here, once on this machine"))
     if choice is not None and not quiet:  # the first output names what auto chose, and why
         err.print(f"draft: {choice.line()}", markup=False, soft_wrap=True)
     if model is not None:
+        if opts.compile and not quiet:
+            _warm_up_line("draft", model)
         return target, with_suffix(opts, model)
     if not opts.has_draft or opts.draft_is_lookup:  # nothing to load
         draft = load_draft(opts, rows)
@@ -131,7 +147,27 @@ def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] 
         draft = load_draft_model(opts, rows, progress)
     if announce:
         _announce("draft", opts.draft, draft, time.perf_counter() - start)
+    if opts.compile and not quiet:
+        _warm_up_line("draft", draft)
+    if not quiet:
+        _another_tokenizer_line(opts, target, draft)
     return target, with_suffix(opts, draft)  # suffix+MODEL: the drafter around MODEL
+
+
+def _another_tokenizer_line(opts, target, draft) -> None:
+    """One line where the draft model's tokenizer is not the target's: it drafts through its text."""
+    from ..text.vocab import VocabularyMismatchError, check_same_tokenizer
+
+    mine, theirs = getattr(draft, "tokenizer", None), getattr(target, "tokenizer", None)
+    if mine is None or theirs is None:
+        return
+    try:
+        check_same_tokenizer(theirs, mine)
+    except VocabularyMismatchError:
+        err.print(f"draft: {opts.draft_model} has another tokenizer than the target: it drafts through its text "
+                  f"(greedy rows: its text as the target's tokens; sampled rows: its distribution over the tokens "
+                  f"both share), exactly; -k auto decodes plainly where that cannot pay", markup=False,
+                  soft_wrap=True)
 
 
 def backend_name(loaded) -> str:
@@ -142,6 +178,15 @@ def backend_name(loaded) -> str:
 def _announce(role: str, name: str, loaded, seconds: float) -> None:
     err.print(f"{role}: {name} on the {backend_name(loaded)} backend (loaded in {seconds:.1f} s)", markup=False,
               soft_wrap=True)
+
+
+def _warm_up_line(role: str, loaded) -> None:
+    """--compile: what the model's warm-up at load did (StaticBackend.warm_up_report)."""
+    from ..backends.warmup import DEFAULT_SECONDS  # the bound pairing's compile_options leaves at its default
+
+    report = getattr(getattr(loaded, "model", None), "warm_up_report", None)
+    if report is not None:
+        err.print(f"{role}: {report.summary(DEFAULT_SECONDS)}", markup=False, soft_wrap=True)
 
 
 @contextlib.contextmanager

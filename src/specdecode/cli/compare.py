@@ -47,13 +47,11 @@ def compare(
         plain = make_generator(target_model, None, k, opts.method)
         spec = make_generator(target_model, draft_model, k, opts.method)
         inputs = [chat_ids(spec.tokenizer, text)] if chat else text
-        kwargs = dict(max_new_tokens=max_new_tokens, **sampling.generation_kwargs(), seed=sampling.seed,
-                      ignore_eos=ignore_eos, stop=stop or None)
+        params = sampling.generation_params(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=stop or ())
         if warmup:
             with (err.status("warming up") if err.is_terminal else _nothing()):
                 for gen in (plain, spec):
-                    gen.generate(inputs, **dict(kwargs, max_new_tokens=min(max_new_tokens, max_drafts(spec) + 2),
-                                                stop=None))
+                    gen.generate(inputs, params, max_new_tokens=min(max_new_tokens, max_drafts(spec) + 2), stop=())
         show = not json_out
         if show:
             out.print(legend(), soft_wrap=True)
@@ -61,7 +59,7 @@ def compare(
         for key, gen, title in (("plain", plain, f"target alone: {_short(opts.target)}"),
                                 ("speculative", spec, f"speculative: k={k}, {opts.method}, {_short(opts.target)} + "
                                                       f"draft {_short(opts.draft)}")):
-            runs[key] = _run(gen, inputs, kwargs, title, show)
+            runs[key] = _run(gen, inputs, params, title, show)
         p, s = runs["plain"], runs["speculative"]
         speedup = p.stats.wall_time_s / s.stats.wall_time_s if s.stats.wall_time_s > 0 else 0.0
         identical = p.token_ids[0] == s.token_ids[0]
@@ -79,7 +77,7 @@ def compare(
             _summary(p, s, speedup, identical, first_difference, greedy)
 
 
-def _run(gen, inputs, kwargs, title: str, show: bool):
+def _run(gen, inputs, params, title: str, show: bool):
     """Stream one generation into a panel (live on a terminal, printed once at the end otherwise)."""
     import time
 
@@ -99,7 +97,7 @@ def _run(gen, inputs, kwargs, title: str, show: bool):
         return Panel(body, title=title, title_align="left", subtitle=subtitle, subtitle_align="right",
                      border_style="green" if done else "blue")
 
-    token_stream = gen.stream(inputs, **kwargs)
+    token_stream = gen.stream(inputs, params)
     live = Live(panel(False), console=out, refresh_per_second=8, transient=False) \
         if show and out.is_terminal else None
     try:

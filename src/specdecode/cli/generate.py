@@ -147,6 +147,8 @@ def generate(
         check_generation_args(max_new_tokens, stop=stop, batch_size=batch_size)
         structure = read_structure(json_schema, grammar, regex)
         check_logprobs(logprobs)
+        params = sampling.generation_params(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=stop or (),
+                                            logprobs=logprobs, **structure)  # checked here, before any model loads
         prompts = read_prompts(prompt, prompts_file)
         target_model, draft_model = load_pair(opts, quiet=json_out and not err.is_terminal,
                                               announce=verbose or None)
@@ -158,16 +160,14 @@ def generate(
         printer = None if json_out else _OrderedPrinter(prompts, echo, colour, colour and verbose, live)
         if verbose and not json_out:
             err.print(legend(), soft_wrap=True)
-        kwargs = dict(max_new_tokens=max_new_tokens, **sampling.generation_kwargs(), ignore_eos=ignore_eos,
-                      stop=stop or None, **structure, return_logprobs=logprobs)
         seed = sampling.seed
         results = []
         with progress_bar(len(prompts), "generating", enabled=not live and len(prompts) > 1) as advance:
             for b, start in enumerate(range(0, len(prompts), batch_size)):
                 # Prompt i is row i of one request seeded `seed` (its own stream), in any batch.
                 rows = len(inputs[start:start + batch_size])
-                result = _decode(gen, inputs[start:start + batch_size], start, printer, advance,
-                                 seed=None if seed is None else [(seed, start + j) for j in range(rows)], **kwargs)
+                result = _decode(gen, inputs[start:start + batch_size], start, printer, advance, params,
+                                 seed=None if seed is None else [(seed, start + j) for j in range(rows)])
                 results.append(result)
                 for row in range(len(result.token_ids)):
                     if json_out:
@@ -189,9 +189,9 @@ def generate(
                 err.print(f"policy: {chosen}{explanation}", markup=False, soft_wrap=True)
 
 
-def _decode(gen, batch: list, start: int, printer: _OrderedPrinter | None, advance, **kwargs):
+def _decode(gen, batch: list, start: int, printer: _OrderedPrinter | None, advance, params, **overrides):
     """One batch through the engine's stream, its text to the printer as it is decided; returns the result."""
-    token_stream = gen.stream(batch, **kwargs)
+    token_stream = gen.stream(batch, params, **overrides)
     try:
         for event in token_stream:
             if printer is not None:

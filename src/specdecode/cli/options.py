@@ -54,6 +54,11 @@ def _model_declarations(k_default: str, k_list: bool, draft_default: str = DEFAU
         "method": (str, option("leviathan", "--method", help="Rejection sampler: leviathan (Alg. 1, vectorised) "
                                "or chen (Alg. 2, sequential). Both are lossless.")),
         "backend": (str, option("auto", "--backend", help=_backend_help())),
+        "compile": (bool, option(False, "--compile", help="Run the static backend's small steps (drafting, "
+                                 "verification) through torch.compile: fused kernels, on CUDA replayed as CUDA "
+                                 "graphs. Every step shape is compiled and run once at load, before the first "
+                                 "request (at most 60 s a model; the time is printed). Implies --backend static; "
+                                 "for GPUs (on a CPU a compile takes minutes).")),
         "device": (str, option("cpu", "--device", help="cpu, cuda, cuda:N or auto.")),
         "dtype": (str, option("auto", "--dtype", help="float32, float16, bfloat16 or auto (fp32 on CPU, fp16 on "
                               "CUDA).")),
@@ -136,12 +141,13 @@ class SamplingOptions:
     def greedy(self) -> bool:
         return all(t == 0.0 for t in self.temperatures)
 
-    def generation_kwargs(self) -> dict:
-        """temperature, top_k, top_p, min_p, the penalties and logit_bias as the generators' generate() and stream()
-        take them."""
-        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                    **{name: getattr(self, name) for name in OPTIONS if name != "logit_bias"},
-                    logit_bias=dict(self.logit_bias))
+    def generation_params(self, **options):
+        """The engine's GenerationParams of the first temperature and seed, with these other fields (max_new_tokens,
+        stop, a constraint, ...); what a command that generates hands generate() or stream()."""
+        from ..engine.params import GenerationParams
+
+        return GenerationParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed,
+                                **{name: getattr(self, name) for name in OPTIONS}, **options)
 
     @property
     def params(self):

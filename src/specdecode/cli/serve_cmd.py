@@ -36,6 +36,9 @@ def serve(
                                             "prompt); exact: the same output as a cold prefill (0: off)."),
     prefix_cache_rows: int = typer.Option(4, "--prefix-cache-rows", help="llama.cpp: sequences beside "
                                           "--max-batch-size that hold cached prefixes (each a KV stream of n_ctx)."),
+    grammar_cache: int = typer.Option(64, "--grammar-cache", help="Compiled grammars kept for later requests "
+                                      "(least recently used out first): each distinct json_schema, regex or set of "
+                                      "tools is one."),
     answer_kv: str = typer.Option("prefill", "--answer-kv", help="What a finished answer's KV is worth to the "
                                   "next turn, which re-sends it: prefill (prefilled again while the server is "
                                   "idle, as a cold prefill would: exact), lend (the decode-computed KV, as "
@@ -53,9 +56,21 @@ def serve(
                                               "their own mapping, returned to the system when freed (0: glibc's own "
                                               "threshold, which rises with the blocks freed: under a long mixed "
                                               "load the free space kept in its heaps grew without a bound)."),
-    max_tokens_limit: int = typer.Option(2048, "--max-tokens-limit", help="Largest max_tokens a request may ask."),
-    request_timeout: float = typer.Option(120.0, "--request-timeout", help="Seconds a request may take, queue "
-                                          "included, before it is cancelled and answered 504."),
+    max_tokens_limit: int = typer.Option(0, "--max-tokens-limit", help="Largest max_tokens a request may ask (0: "
+                                         "as many as the model's context leaves after the prompt; a chat without "
+                                         "max_tokens gets that much room)."),
+    queue_timeout: float = typer.Option(600.0, "--queue-timeout", help="Seconds a request may wait for room in "
+                                        "the batch before it is dropped and answered 503 with Retry-After (0: no "
+                                        "limit). Once it runs, --stall-timeout applies instead."),
+    stall_timeout: float = typer.Option(120.0, "--stall-timeout", help="Seconds a running request may go without "
+                                        "progress (no new token; before its first, no engine step) before it is "
+                                        "cancelled and answered 504, or sent an error event if streaming (0: no "
+                                        "limit). A long answer that keeps producing tokens is never cut."),
+    request_timeout: float = typer.Option(0.0, "--request-timeout", help="A total deadline: seconds from a "
+                                          "request's arrival to the end of its response, after which it is "
+                                          "cancelled (504, or an error event if streaming) even while producing "
+                                          "tokens. 0 (the default): none; a request may set its own with the "
+                                          "body's `timeout` field (the earlier of the two applies)."),
     served_model_name: Optional[List[str]] = typer.Option(
         None, "--served-model-name", help="A model id clients may send and /v1/models lists; repeat it for more "
         "(the first names the model in responses that ask for none). Default: the target's name (its directory's "
@@ -93,11 +108,13 @@ def serve(
                         or routing is not None):
             raise CLIError("--replicas, --autoscale, --ray-address, --ray-num-cpus and --routing need --ray")
         settings = ServerSettings(max_batch_size=max_batch_size, max_queue=max_queue,
-                                  max_tokens_limit=max_tokens_limit, request_timeout=request_timeout,
+                                  max_tokens_limit=max_tokens_limit, queue_timeout=queue_timeout,
+                                  stall_timeout=stall_timeout, request_timeout=request_timeout,
                                   api_key=api_key, served_model_names=tuple(served_model_name or ()),
                                   draft_name=display_name(opts.draft) if opts.has_draft else None,
                                   prefill_tokens_per_step=prefill_tokens_per_step, static_batching=static_batching,
                                   prefix_cache_tokens=prefix_cache_tokens, prefix_cache_rows=prefix_cache_rows,
+                                  grammar_cache_entries=grammar_cache,
                                   answer_kv=answer_kv,
                                   escaped_copies=escaped_copies, strict_tool_calls=strict_tool_calls,
                                   max_tool_calls=max_tool_calls,

@@ -1,53 +1,101 @@
-"""What the decoding loop needs from a drafter: a Proposal per step, the tokens the step verifies.
+"""What the decoding loop needs from a drafter, in four verbs, each handed one value and answering with one:
 
-A drafter subclasses `Drafter`, which gives every optional capability a default, so the loop reads no attribute
-that is not declared here. A drafter with no model (prompt lookup, suffix) overrides propose/update/prefill and the
-row bookkeeping; a model drafter also reports what catching up on a backlog cost (the policy prices it), and one
-that drafts some steps without its model says which (drafts_free, Proposal.free: the policy prices them at zero).
+    outlook(DraftRows) -> DraftOutlook    what it can offer this step (drafts per row, their class, their cost),
+                                          before the policy chooses K and before anything is drawn
+    propose(DraftChoice, DraftContext) -> Proposal    the tokens the step verifies
+    observe(DraftOutcome)                 what the step kept
+    relayout(RowChange)                   rows joined, left or moved (backends/rows.py; a no-op by default)
+
+A drafter reads each row's tokens where the session keeps them (RowText: the row's prompt and output, never copied);
+what it keeps per row is its own cache of them (a model's KV, the suffix index), keyed by the row's id. Whatever it
+needs between outlook and propose (what it found) travels in the outlook's `plan`, and between propose and observe
+in the proposal's: a drafter holds no half-done step. Composition is a drafter over drafters (suffix_model.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
+from ..backends.rows import RowChange, RowText
 from ..exact.sampling import BatchSampling, coupled_choice
 
 
 @dataclass
 class Proposal:
-    """The tokens one step verifies, and what proposing them cost.
+    """The tokens one step verifies, and what proposing them cost. q None: the drafts were chosen deterministically
+    (the verifier then treats them as one-hot proposals, exactly, without a dense tensor)."""
 
-    tokens [B, K]: row b proposes a chain, its first num_drafts[b] tokens (the loop's k_rows); the rest is padding
-    the verification ignores. q [S, K, V]: the distribution each sampled row's token was drawn from (after the same
-    warping and grammar mask as the target's), or None when the drafts were chosen deterministically (the verifier
-    then treats them as one-hot proposals, exactly, without a dense tensor). catch_up_s / catch_up_tokens: a
-    forward that fed a backlog (a prompt, or tokens of plain steps) before drafting, timed apart; clean is False
-    when a backlog was fed together with the drafts, so the step's draft time is not a draft step's cost. free: no
-    model forward ran (a drafter with a model copied every draft this step): the policy prices such drafting at
-    zero and learns no draft step's cost from it. parents: None for chains; else per row a token tree over its K
-    tokens (token_tree.py: parents[b][i] is node i's parent, -1 the row's last token; drafts past num_drafts[b]
-    are padding), only after use_trees(True) and only with q None.
-    """
+    tokens: torch.Tensor  # [B, K] row b's chain is its first k_rows[b] tokens; the rest is padding, never verified
+    q: torch.Tensor | None = None  # [S, K, V] each sampled row's draft distributions (warped and masked as p); None
+    catch_up_s: float = 0.0  # seconds of a forward that fed a backlog (a prompt, plain steps' tokens) before drafting
+    catch_up_tokens: int = 0  # ... and the tokens it fed, over all rows
+    clean: bool = True  # False: a backlog was fed with the drafts, so the step's draft time is no draft step's cost
+    free: bool = False  # no model forward ran (every draft copied): the policy prices it at zero, learns no cost
+    parents: list[list[int]] | None = None  # [B][K] a tree per row (token_tree.py; DraftRows.trees, q None); None
+    forward_calls: int = 0  # model forwards it ran (statistics)
+    plan: object = None  # the drafter's own notes on what it drew, handed back to it in the DraftOutcome
 
-    tokens: torch.Tensor
-    q: torch.Tensor | None = None
-    catch_up_s: float = 0.0
-    catch_up_tokens: int = 0
-    clean: bool = True
-    free: bool = False
-    parents: list[list[int]] | None = None
+
+@dataclass(slots=True)  # built every step: not frozen (StepPlan's note); the loop never changes one it handed over
+class DraftRows:
+    """The step's rows as a drafter's outlook reads them, before the policy chooses K."""
+
+    texts: Sequence[RowText]  # [B] each row's text, in batch order (the session's own lists)
+    ks: list[int]  # [B] row b's own K (its fixed K, else the policy's largest), capped by what it has left
+    widest: int  # the step's largest K: row b's drafts are asked at most this wide
+    trees: bool = False  # the step may verify token trees (a target that can, no row constrained)
+    max_leaves: int | None = None  # the most leaves a row's tree may have (the target's tree_leaves); None: any
+
+
+@dataclass(frozen=True, slots=True)
+class DraftOutlook:
+    """What a drafter can offer this step, known before anything is drawn: the policy chooses K from it, so K stays
+    a function of the context (what keeps deterministic drafts and a timing-based K exact)."""
+
+    drafts: list[int]  # [B] drafts row b can really offer (0: none); its K is capped by it
+    classes: list[int | None] | None = None  # [B] the class of row b's draft (match_class), learned apart; None: none
+    expected: list[float] | None = None  # [B] how many of row b's drafts are expected kept (a copy's); None: unknown
+    free: bool = False  # proposing will run no model forward: the policy prices the drafting at zero
+    behind: list[int] | None = None  # [B] tokens fed for row b before it drafts (a catch-up); None: never behind
+    probe_behind: list[int] | None = None  # [B] what a trial would feed (behind, bounded by the catch-up window)
+    plan: object = None  # the drafter's own notes (the drafts it found), handed back to propose in the DraftChoice
+
+
+@dataclass(slots=True)
+class DraftChoice:
+    """What the step asks of the drafter once the policy has chosen."""
+
+    outlook: DraftOutlook  # the drafter's own outlook for this step
+    k_rows: list[int]  # [B] drafts asked of row b (<= outlook.drafts[b]; 0: none, its positions are padding)
+    k: int  # max(k_rows) >= 1: the proposal's width
+    trial: bool = False  # the policy's probe or exploration: the drafter may bound its catch-up (still exact)
+
+
+@dataclass(slots=True)
+class DraftOutcome:
+    """What a step did, told to the drafter after verification (before the rows' texts take the new tokens)."""
+
+    texts: Sequence[RowText]  # [B] the step's rows, in batch order
+    emitted: list[list[int]]  # [B] row b's new tokens: the drafts it kept, then the target's next token
+    kept: list[int]  # [B] how many of emitted[b] were this drafter's drafts (0 where a forced run replaced them)
+    proposal: Proposal | None = None  # what this drafter proposed this step; None: it was not asked (a plain step)
+    hidden: torch.Tensor | None = None  # [B, n, H] the target's last hidden states (a drafter that needs them)
 
 
 @dataclass(slots=True)
 class DraftContext:
-    """What a drafter needs for one step besides k and its uniforms, handed to propose() and never kept.
+    """What a drafter draws one step's tokens with, handed to propose() and never kept.
 
-    The loop makes one per step; the drafter reads the rows' settings through it, draws coupled rows with its noise
-    and follows the rows' grammars through it, so BatchSampling stays a fixed description of the rows."""
+    The loop makes one per step; the drafter reads the rows' texts and settings through it, draws sampled rows with
+    their uniforms and coupled rows with their noise, and follows the rows' grammars through it, so BatchSampling
+    stays a fixed description of the rows."""
 
+    texts: Sequence[RowText]  # [B] the rows' texts, as in the outlook
     sampling: BatchSampling  # [B] the rows' sampling settings
+    uniforms: torch.Tensor | None = None  # [B, K] float64: row b's uniforms for its first k_rows[b] drafts (sampled)
     noise: torch.Tensor | None = None  # [C, K+1, V] float64: the coupled rows' Gumbel noise for this step's positions
     grammars: object | None = None  # row_grammars.RowGrammars [B] when some row is constrained, else None
     penalties: object | None = None  # penalties.RowPenalties [B] when some row has a logit_bias or penalty, else None
@@ -113,90 +161,31 @@ def match_class(length: int) -> int:
 
 
 class Drafter:
-    """The drafter contract, with defaults for what most drafters do not need."""
+    """The drafter contract: four verbs (outlook, propose, observe, relayout) and three declarations."""
 
-    forward_calls: int = 0  # model forwards spent drafting (0 for a drafter with no model)
     max_rows: int | None = None  # rows its cache can hold (None: no limit)
-    needs_hidden_states: bool = False  # True: the loop hands the target's last hidden states to prefill/update
-    catch_up_window: int | None = None  # a probe feeds at most this many backlog tokens per row (None: no bound)
+    needs_hidden_states: bool = False  # True: the loop hands the target's last hidden states to observe/relayout
     model_tokenizer = None  # the tokenizer of a model it was built from, if known (the generator checks the target's)
 
-    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None, hidden=None) -> None:
-        """Take the (left-padded) prompts of a new batch."""
+    def outlook(self, rows: DraftRows) -> DraftOutlook:
+        """Per row, how many drafts it can really propose this step (prompt lookup: its match's length; at most
+        rows.ks[b] where its drafts depend on K, else rows.widest) and what they are worth and cost. A row drafts at
+        its own K, never at the batch's widest, so its drafts, and so its seeded text, never depend on other rows.
+        A class (or an expectation) must be a function of the context alone, never of a random draw."""
         raise NotImplementedError
 
-    def max_drafts(self, k: int) -> list[int]:
-        """Per row, how many of k drafts the drafter can really propose now (prompt lookup: its match length)."""
-        raise NotImplementedError
-
-    def propose(self, k: int, context: DraftContext, uniforms: torch.Tensor | None,
-                num_drafts: list[int]) -> Proposal:
-        """k draft tokens per row. Sampled rows draw with uniforms [B, k] (row b's own random numbers for its first
-        num_drafts[b] drafts; drafts past those are ignored and must not use randomness); greedy rows take the
+    def propose(self, choice: DraftChoice, context: DraftContext) -> Proposal:
+        """choice.k draft tokens per row. Sampled rows draw with context.uniforms (row b's own random numbers for
+        its first k_rows[b] drafts; drafts past those are ignored and must not use randomness); greedy rows take the
         argmax; coupled rows draw argmax(log q + noise) (`context.couple_drafts`). Under a grammar the masks are
         `context.draft_mask(i, previous)` and the distributions `context.probs(logits, mask)`, as the target's; a
         drafter that draws from its logits first passes them through `context.penalized(logits, drafts so far)`."""
         raise NotImplementedError
 
-    def update(self, emitted: list[list[int]], kept: list[int], hidden=None) -> None:
-        """After verification row b emitted the tokens emitted[b], of which the first kept[b] are drafts this drafter
-        proposed (a row whose drafts were replaced, e.g. by tokens its grammar forced, kept none of its own). Called
-        after the prefill too, with each row's first token."""
-        raise NotImplementedError
+    def observe(self, outcome: DraftOutcome) -> None:
+        """After verification: what each row emitted, and how many of those tokens were its own drafts. Every step
+        (a plain one too, with no proposal); a drafter that reads the rows' texts may have nothing to do."""
 
-    def select_rows(self, rows: list[int]) -> None:
-        """Keep only these rows of the batch."""
-        raise NotImplementedError
-
-    def discard(self) -> None:
-        """Drop every row and keep nothing of them (after a failed step, whose forward may have left the cache half
-        written: nothing of it may be parked for later prompts)."""
-        self.select_rows([])
-
-    def fork(self, batch_size: int) -> "Drafter":
-        """An empty drafter on the same model for new rows (continuous batching: prefilled, then merged)."""
-        raise NotImplementedError
-
-    def merge(self, other: "Drafter") -> None:
-        """Append the rows of a fork to this batch."""
-        raise NotImplementedError
-
-    def behind(self) -> list[int] | None:
-        """Per row, the tokens the next proposal would feed before drafting (the policy prices a catch-up); None
-        for a drafter that is never behind (no model, no cache)."""
-        return None
-
-    def draft_classes(self) -> list[int | None] | None:
-        """After max_drafts(k): per row, the class of this step's draft, whose acceptance the policy learns apart
-        (a copying drafter's match length, bucketed by match_class: a 16-token match is kept far more often than a
-        1-token one), or None for a row whose draft has no class; None for a drafter without classes. A class must
-        be a function of the context alone (as max_drafts is), never of a random draw: K then stays a function of
-        what is known before the step, which keeps deterministic drafts exact."""
-        return None
-
-    def drafts_free(self) -> bool:
-        """After max_drafts(k): whether this step's proposal will run no model forward (suffix+MODEL where the
-        suffix drafts every row), so the policy prices its drafting at zero. False by default: the policy measures
-        a drafter's cost, which is already near zero for one with no model."""
-        return False
-
-    def use_trees(self, allowed: bool) -> None:
-        """Whether this step's proposal may be a token tree (the target can verify one and no row is
-        constrained); a drafter that only proposes chains ignores it."""
-
-    def limit_tree_leaves(self, leaves: int | None) -> None:
-        """The most leaves a row's token tree may have, whatever the other rows' trees (the target's tree_leaves:
-        on llama.cpp each leaf takes a spare sequence); None: no limit. A drafter that only proposes chains ignores
-        it."""
-
-    def own_k(self, ks: list[int]) -> None:
-        """Before max_drafts: each row's own K this step (its fixed K, else the policy's largest). A drafter whose
-        drafts depend on K (the suffix drafter's choice of source) drafts each row at its own K, never at the
-        batch's widest, so that a row's drafts, and so its seeded text, never depend on the other rows."""
-
-    def limit_catch_up(self) -> None:
-        """Bound the backlog a probe feeds to catch_up_window tokens per row (only q changes: still exact)."""
-
-    def set_prefix_cache(self, max_tokens: int) -> None:
-        """Keep up to max_tokens tokens of finished rows' KV for prompts that start the same (a drafter with a model
-        cache; others have nothing to keep)."""
+    def relayout(self, change: RowChange) -> None:
+        """Rows joined (their first token drawn), left or moved: a drafter with per-row state moves it likewise (its
+        rows become (rows before + change.appended)[change.keep]); one without has nothing to do."""

@@ -10,28 +10,17 @@ from __future__ import annotations
 
 import torch
 
-from .base import Drafter, Proposal, match_class
+from .base import DraftChoice, DraftContext, Drafter, DraftOutlook, DraftRows, Proposal, match_class
 
 
 class PromptLookupDrafter(Drafter):
+    """Copies what followed the latest earlier occurrence of each row's last n-gram (max_ngram down to min_ngram),
+    read from the row's text where the session keeps it: it keeps nothing per row."""
+
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self._context: list[list[int]] = []
-        self._matches: list[list[int]] = []
-        self._ngrams: list[int] = []  # the n-gram length each row's match was found at this step (0: none)
-
-    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None, hidden=None) -> None:
-        rows = input_ids.tolist()
-        masks = valid.tolist() if valid is not None else [[True] * len(r) for r in rows]
-        self._context = [[t for t, v in zip(r, m) if v] for r, m in zip(rows, masks)]
-
-    def fork(self, batch_size: int) -> "PromptLookupDrafter":
-        return PromptLookupDrafter(self.max_ngram, self.min_ngram)
-
-    def merge(self, other: "PromptLookupDrafter") -> None:
-        self._context += other._context
 
     def _lookup(self, context: list[int], k: int) -> list[int]:
         """What followed the most recent earlier occurrence of the longest matching tail n-gram ([] if none)."""
@@ -46,26 +35,14 @@ class PromptLookupDrafter(Drafter):
                     return context[start + n: start + n + k], n
         return [], 0
 
-    def max_drafts(self, k: int) -> list[int]:
-        """How many drafts each row can really propose (the length of its match): a bound for the loop's K."""
-        found = [self._find(c, k) for c in self._context]
-        self._matches, self._ngrams = [m for m, _ in found], [n for _, n in found]
-        return [len(m) for m in self._matches]
+    def outlook(self, rows: DraftRows) -> DraftOutlook:
+        """Per row its match (what it can draft) and the class of the n-gram length it was found at."""
+        found = [self._find(text.tokens(), rows.widest) for text in rows.texts]
+        return DraftOutlook([len(m) for m, _ in found], [match_class(n) if n else None for _, n in found],
+                            plan=[m for m, _ in found])
 
-    def draft_classes(self) -> list[int | None]:
-        """Per row, the class of the n-gram length its match was found at (None where none was found)."""
-        return [match_class(n) if n else None for n in self._ngrams]
-
-    def propose(self, k: int, context, uniforms, num_drafts):
-        matches = self._matches or [self._lookup(c, k) for c in self._context]
-        self._matches = []
-        # Past the match (or with none) a row's drafts are not verified (num_drafts stops there): pad with anything.
-        rows = [m[:k] + [c[-1]] * (k - len(m[:k])) for m, c in zip(matches, self._context)]
+    def propose(self, choice: DraftChoice, context: DraftContext) -> Proposal:
+        k = choice.k
+        # Past the match (or with none) a row's drafts are not verified (k_rows stops there): pad with anything.
+        rows = [m[:k] + text.tail(1) * (k - len(m[:k])) for m, text in zip(choice.outlook.plan, context.texts)]
         return Proposal(torch.tensor(rows, dtype=torch.long))
-
-    def update(self, emitted: list[list[int]], kept: list[int], hidden=None) -> None:
-        for context, e in zip(self._context, emitted):
-            context.extend(e)
-
-    def select_rows(self, rows: list[int]) -> None:
-        self._context = [self._context[r] for r in rows]

@@ -6,16 +6,17 @@ frequent, token by token, and stops where the estimated acceptance (the product 
 falls below a threshold. It pays on workloads that repeat: the previous turn's answer, the same file edited again,
 the same tool output, boilerplate shared across users. `suffix_index.py` has the index and the search.
 
-Each row has its own index (prompt + emitted tokens); a `SuffixHistory` holds finished rows' prompts and outputs,
-per key, least recently used first out, at most max_tokens. A row joins the history when it leaves the batch
-(select_rows: the session drops finished rows), so the next request of the same text drafts its whole answer. A row
-drafts only from the documents that were there when it joined, never from the rows of its own batch that finished
-before it: what it drafts does not depend on them.
+Each row has its own index of its text (prompt + emitted tokens: the drafter's cache of it, keyed by the row's id,
+built when the row joins and extended by what each step emitted); a `SuffixHistory` holds finished rows' prompts and
+outputs, per key, least recently used first out, at most max_tokens. A row joins the history when it leaves the
+batch (relayout: the session drops finished rows), so the next request of the same text drafts its whole answer. A
+row drafts only from the documents that were there when it joined, never from the rows of its own batch that
+finished before it: what it drafts does not depend on them.
 The draft of the row's own context and the history's compete: the higher score (expected accepted tokens) wins,
-scored at the row's own K (own_k), never the batch's widest, so a row drafts what it would draft alone.
+scored at the row's own K (DraftRows.ks), never the batch's widest, so a row drafts what it would draft alone.
 
 Keys: a row drafts only from its own key's history and adds to it. `key` is the key of rows that join next;
-`queue_keys` gives the joining rows one each, in the order they are added (the order a session admits them);
+`queue_keys` gives the joining rows one each, in the order they join (the order a session admits them);
 `keys` reads or sets the running rows'. Drafts are deterministic (q=None), like prompt lookup's, so the output
 keeps exactly the target's distribution whatever the history holds.
 
@@ -28,16 +29,27 @@ second guess replaces the chain's least likely deep tokens.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
-from .base import Drafter, Proposal, match_class
+from ..backends.rows import RowChange
 from ..exact.token_tree import padded
+from .base import DraftChoice, DraftContext, Drafter, DraftOutcome, DraftOutlook, DraftRows, Proposal, match_class
 from .suffix_drafts import Draft, speculate, speculate_tree
 from .suffix_history import SuffixHistory
 from .suffix_index import MAX_MATCH, TokenLog
 
 __all__ = ["SuffixDrafter", "SuffixHistory"]
+
+
+@dataclass
+class _Row:
+    """What the drafter keeps of one running row."""
+
+    log: TokenLog  # the suffix index of the row's text: its prompt, then what each step emitted
+    key: object  # its history key: it drafts from that key's documents and joins them when it leaves
+    mark: int  # the history's next_id when it joined: it drafts only from the documents before
 
 
 class SuffixDrafter(Drafter):
@@ -62,28 +74,22 @@ class SuffixDrafter(Drafter):
         self.min_prob, self.max_match = min_prob, max_match
         self.factor, self.offset = max_spec_factor, max_spec_offset
         self.tree_width = tree_width
-        self._trees = False  # whether the session can verify trees now (use_trees)
-        self.max_leaves: int | None = None  # leaves a row's tree may have (limit_tree_leaves)
-        self._rows: list[TokenLog] = []
-        self._keys: list = []
-        self._marks: list[int] = []  # per row, the history's next_id when it joined: it drafts from what came before
-        self._pending: deque = deque()  # keys of rows not joined yet: shared with forks, where rows join
-        self._drafts: tuple[int, list[Draft]] | None = None  # (k, drafts) that max_drafts found this step
-        self._own_k: list[int] | None = None  # each row's own K this step (own_k), None: the k asked
+        self._rows: dict[int, _Row] = {}  # per row id, in batch order
+        self._pending: deque = deque()  # keys of rows not joined yet, in the order they join
 
     # ------------------------------------------------------------------ keys
     @property
     def keys(self) -> list:
         """The history key of each running row."""
-        return list(self._keys)
+        return [row.key for row in self._rows.values()]
 
     @keys.setter
     def keys(self, keys) -> None:
         keys = list(keys)
         if len(keys) != len(self._rows):
             raise ValueError(f"need one key per row ({len(self._rows)}), got {len(keys)}")
-        self._keys = keys
-        self._drafts = self._own_k = None
+        for row, key in zip(self._rows.values(), keys):
+            row.key = key
 
     def queue_keys(self, keys) -> None:
         """Keys for the next rows to join, in the order they join; rows past these take `key`."""
@@ -99,126 +105,70 @@ class SuffixDrafter(Drafter):
         return self._pending[0] if self._pending else self.key
 
     # ------------------------------------------------------------------ rows
-    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None, hidden=None) -> None:
-        rows = input_ids.tolist()
-        masks = valid.tolist() if valid is not None else [[True] * len(r) for r in rows]
-        self._leave(range(len(self._rows)))
-        self._rows = [self._new_row([t for t, v in zip(r, m) if v]) for r, m in zip(rows, masks)]
-        self._keys = [self._next_key() for _ in rows]
-        self._marks = [self.history.next_id] * len(rows)
-        self._drafts = self._own_k = None
+    def relayout(self, change: RowChange) -> None:
+        """Joining rows get an index of their text, a key and a mark (all before any of them leaves); rows that
+        leave (finished, cancelled, or after a failed step too: the text is the target's) join the history."""
+        mark = self.history.next_id
+        for text in change.appended:
+            log = TokenLog(max(256, 2 * len(text.prompt)))
+            log.extend(text.prompt)
+            log.extend(text.output)
+            self._rows[text.id] = _Row(log, self._next_key(), mark)
+        ids = list(self._rows)
+        for i in change.leaving(len(ids) - len(change.appended)):
+            row = self._rows[ids[i]]
+            self.history.add(row.log.tokens(), row.key)
+        self._rows = {ids[i]: self._rows[ids[i]] for i in change.keep}
 
-    @staticmethod
-    def _new_row(tokens: list[int]) -> TokenLog:
-        log = TokenLog(max(256, 2 * len(tokens)))
-        log.extend(tokens)
-        return log
-
-    def fork(self, batch_size: int) -> "SuffixDrafter":
-        other = SuffixDrafter(self.history, self.key, self.min_prob, self.factor, self.offset, self.max_match,
-                              tree_width=self.tree_width)
-        other._pending, other.max_leaves = self._pending, self.max_leaves
-        return other
-
-    def merge(self, other: "SuffixDrafter") -> None:
-        self._rows += other._rows
-        self._keys += other._keys
-        self._marks += other._marks
-        other._rows, other._keys, other._marks = [], [], []
-        self._drafts = self._own_k = None
-
-    def select_rows(self, rows: list[int]) -> None:
-        """Keep these rows; the others are done (finished or cancelled): their text joins the history."""
-        kept = set(rows)
-        self._leave(i for i in range(len(self._rows)) if i not in kept)
-        self._rows = [self._rows[r] for r in rows]
-        self._keys = [self._keys[r] for r in rows]
-        self._marks = [self._marks[r] for r in rows]
-        self._drafts = self._own_k = None
-
-    def _leave(self, indices) -> None:
-        for i in indices:
-            self.history.add(self._rows[i].tokens(), self._keys[i])
-
-    def update(self, emitted: list[list[int]], kept: list[int], hidden=None) -> None:
-        for log, tokens in zip(self._rows, emitted):
-            log.extend(tokens)
-        self._drafts = self._own_k = None
+    def observe(self, outcome: DraftOutcome) -> None:
+        rows = self._rows
+        for text, tokens in zip(outcome.texts, outcome.emitted):
+            rows[text.id].log.extend(tokens)
 
     # ------------------------------------------------------------------ drafting
-    def _draft(self, b: int, k: int) -> Draft:
-        """Row b's best draft: its own context's or its key's history's, whichever expects more accepted tokens
+    def _draft(self, row: _Row, k: int, trees: bool, leaves: int | None) -> Draft:
+        """A row's best draft: its own context's or its key's history's, whichever expects more accepted tokens
         (a tie goes to the row's own text, the more recent). With trees, the one whose tree expects more."""
-        log = self._rows[b]
+        log = row.log
         tail = log.tail(self.max_match)
         own = speculate(log, tail, k, self.min_prob, self.factor, self.offset)
         if not self.history.max_tokens:
-            return self._with_tree(own, k)
+            return self._with_tree(own, k, trees, leaves)
         # With chains only a draft scoring above own's is used: the history's search stops where none can.
-        shared = self.history.speculate(tail, self._keys[b], k, self.min_prob, self.factor, self.offset,
-                                        self._marks[b], None if self._trees else own.score)
-        if self._trees:
-            own, shared = self._with_tree(own, k), self._with_tree(shared, k)
-        if (shared.tree[2] <= own.tree[2]) if self._trees else (shared.score <= own.score):
+        shared = self.history.speculate(tail, row.key, k, self.min_prob, self.factor, self.offset, row.mark,
+                                        None if trees else own.score)
+        if trees:
+            own, shared = self._with_tree(own, k, trees, leaves), self._with_tree(shared, k, trees, leaves)
+        if (shared.tree[2] <= own.tree[2]) if trees else (shared.score <= own.score):
             return own
         self.history.used(shared)  # keeps documents that keep proposing in the history (LRU)
         return shared
 
-    def _with_tree(self, draft: Draft, k: int) -> Draft:
-        if self._trees:
-            draft.tree = speculate_tree(draft, k, self.min_prob, self.tree_width, self.max_leaves)
+    def _with_tree(self, draft: Draft, k: int, trees: bool, leaves: int | None) -> Draft:
+        if trees:
+            draft.tree = speculate_tree(draft, k, self.min_prob, self.tree_width, leaves)
         return draft
 
-    def own_k(self, ks: list[int]) -> None:
-        """Draft each row at its own K this step: a draft's score, which picks the row's context or the history,
-        depends on K, and at the batch's widest a row could copy what it would not copy alone."""
-        if len(ks) != len(self._rows):
-            raise ValueError(f"need one K per row ({len(self._rows)}), got {len(ks)}")
-        self._own_k, self._drafts = list(ks), None
+    def outlook(self, rows: DraftRows) -> DraftOutlook:
+        """Each row's draft at its own K (a draft's score, which picks the row's context or the history, depends on
+        K: at the batch's widest a row could copy what it would not copy alone): how many drafts it has (0 where
+        nothing matches; with trees, the nodes of its tree), its match length's class, and its score (the expected
+        number of its tokens kept)."""
+        trees = rows.trees and self.tree_width > 1
+        drafts = [self._draft(self._rows[text.id], k, trees, rows.max_leaves) for text, k in zip(rows.texts, rows.ks)]
+        widest = rows.widest
+        return DraftOutlook([len((d.tree[0] if trees else d.tokens)[:widest]) for d in drafts],
+                            [match_class(d.match) if d.tokens else None for d in drafts], [d.score for d in drafts],
+                            plan=(trees, drafts))
 
-    def _drafts_for(self, k: int) -> list[Draft]:
-        if self._own_k is not None:  # rows at their own K (the step's k only pads them)
-            if self._drafts is None:
-                self._drafts = (k, [self._draft(b, n) for b, n in enumerate(self._own_k)])
-        elif self._drafts is None or self._drafts[0] < k:
-            self._drafts = (k, [self._draft(b, k) for b in range(len(self._rows))])
-        return self._drafts[1]
-
-    def limit_tree_leaves(self, leaves: int | None) -> None:
-        if leaves != self.max_leaves:
-            self.max_leaves, self._drafts = leaves, None
-
-    def use_trees(self, allowed: bool) -> None:
-        trees = allowed and self.tree_width > 1
-        if trees != self._trees:
-            self._trees, self._drafts = trees, None
-
-    def max_drafts(self, k: int) -> list[int]:
-        """How many drafts each row can really propose (0 where nothing matches): a bound for the loop's K. With
-        trees, the nodes of its tree."""
-        if self._trees:
-            return [len(d.tree[0][:k]) for d in self._drafts_for(k)]
-        return [len(d.tokens[:k]) for d in self._drafts_for(k)]
-
-    def draft_classes(self) -> list[int | None]:
-        """Per row, the class of the draft max_drafts found (its match length's), None where it found none."""
-        if self._drafts is None:
-            return [None] * len(self._rows)
-        return [match_class(d.match) if d.tokens else None for d in self._drafts[1]]
-
-    def scores(self, k: int) -> list[float]:
-        """Per row, the index's confidence in the draft it found this step (at most k tokens, or the more asked
-        first): the expected number of its tokens kept."""
-        return [d.score for d in self._drafts_for(k)]
-
-    def propose(self, k: int, context, uniforms, num_drafts):
-        if self._trees:  # the first n nodes of a best-first tree are the best tree of n nodes
-            trees = [d.tree for d in self._drafts_for(k)]
-            rows = [(t[:n] + log.tail(1) * (k - len(t[:n])), padded(p[:n], k))
-                    for (t, p, _), n, log in zip(trees, num_drafts, self._rows)]
+    def propose(self, choice: DraftChoice, context: DraftContext) -> Proposal:
+        trees, drafts = choice.outlook.plan
+        k = choice.k
+        if trees:  # the first n nodes of a best-first tree are the best tree of n nodes
+            rows = [(t[:n] + text.tail(1) * (k - len(t[:n])), padded(p[:n], k))
+                    for (t, p, _), n, text in zip((d.tree for d in drafts), choice.k_rows, context.texts)]
             return Proposal(torch.tensor([r for r, _ in rows], dtype=torch.long).reshape(len(rows), k),
                             parents=[p for _, p in rows])
-        drafts = self._drafts_for(k)
-        # Past a row's draft (or with none) its positions are not verified (num_drafts stops there): pad.
-        rows = [d.tokens[:k] + log.tail(1) * (k - len(d.tokens[:k])) for d, log in zip(drafts, self._rows)]
+        # Past a row's draft (or with none) its positions are not verified (k_rows stops there): pad.
+        rows = [d.tokens[:k] + text.tail(1) * (k - len(d.tokens[:k])) for d, text in zip(drafts, context.texts)]
         return Proposal(torch.tensor(rows, dtype=torch.long).reshape(len(rows), k))

@@ -34,11 +34,11 @@ every draft with a brute-force reference.
 
 Time, measured on this project's 2-core CPU (AMD EPYC, Python 3.11, numpy 2.4), one row, K = 8, interleaved with
 the vectorised version (commit 996dd7a): decoding novel text token by token (scripts/suffix_step_cost.py: the
-README after 2k tokens of it, the docs' first 4k tokens in the history), update + max_drafts cost 24 us per step
+README after 2k tokens of it, the docs' first 4k tokens in the history), observe + outlook cost 24 us per step
 (median; mean 29), against 79 (mean 84); decoding code (session.py, 100k tokens of docs and sources in the
 history) 30 us (mean 35) against 91 (mean 97). With a history of 1M code-like tokens (Zipf tokens and copied
-spans: long chains, deep matches) and rows of 1k context tokens, a proposal (max_drafts + propose: the row's own
-context and the history) costs 0.05 ms of CPU per row (median; p99 0.09 ms) against 0.10 (p99 0.14), and update
+spans: long chains, deep matches) and rows of 1k context tokens, a proposal (outlook + propose: the row's own
+context and the history) costs 0.05 ms of CPU per row (median; p99 0.09 ms) against 0.10 (p99 0.14), and observe
 (8 tokens) 0.017 ms per row against 0.031; tests/test_suffix_drafter.py checks the median at 1M tokens stays
 well under 1 ms.
 """

@@ -3,7 +3,7 @@
 The suffix drafter (suffix.py) costs no forward and, on text that repeats (the previous turn's answer, a file
 edited again, a tool's output, boilerplate), proposes long runs the target keeps; on new text it has little or
 nothing to offer, where a small draft model still drafts well. This drafter owns one of each and picks per row and
-per step, in max_drafts (before the policy chooses K, so the choice cannot depend on the step's outcome): the
+per step, in its outlook (before the policy chooses K, so the choice cannot depend on the step's outcome): the
 suffix's draft where the index expects at least `min_score` of its tokens kept, the model's elsewhere.
 
 Exactness. Rows of one step mix. A model row's drafts come with its q. A suffix row's drafts are deterministic:
@@ -12,26 +12,29 @@ is exactly the rule the verifier applies to q=None drafts (rejection.py). A step
 the model proposes q=None for the whole batch.
 
 The model in step. When the model runs it drafts for the whole batch (one batched forward per draft) and the suffix
-rows' model drafts are dropped: update() tells the model a suffix row kept only those of its drafts that equal the
-emitted tokens (often none: kept=0), so it trims that row's cache to the context it holds and queues the rest of
-the emitted tokens, as for a row whose drafts a grammar replaced. A step in which no drafting row needs the model
-runs no model forward: the emitted tokens queue up as after a plain step (behind()), and the model's next proposal
-feeds them first.
+rows' model drafts are dropped: the model is told a suffix row kept only those of its drafts that equal the emitted
+tokens (often none: kept=0), so it trims that row's cache to the text it holds and feeds the rest of the row's
+text next, as for a row whose drafts a grammar replaced. A step in which no drafting row needs the model runs no
+model forward: the model is told it was not asked, and its next proposal feeds what the rows emitted meanwhile.
 
-Cost. Such a step is free drafting: drafts_free() says so once max_drafts has planned the step (the policy prices
-its drafts at zero and sees no backlog to catch up on) and Proposal.free after propose (the policy learns no draft
-cost from it). A step that runs the model reports the model's forwards, catch-up and cleanliness as they are.
+Cost. Such a step is free drafting: the outlook says so when every row copies (the policy prices its drafts at zero
+and sees no backlog to catch up on), and Proposal.free after propose (the policy learns no draft cost from it). A
+step that runs the model reports the model's forwards, catch-up and cleanliness as they are.
+
+A combinator, not a relay: it asks its two drafters through the same four verbs the session asks it, and holds
+nothing per row of its own (each part keeps its own cache, keyed by the rows' ids).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ..backends import as_backend
+from ..backends.rows import RowChange
 from ..text.vocab import unwrap_model
-from .base import Drafter, Proposal
+from .base import DraftChoice, DraftContext, Drafter, DraftOutcome, DraftOutlook, DraftRows, Proposal
 from .model import ModelDrafter
 from .suffix import SuffixDrafter
 
@@ -57,17 +60,30 @@ class SourceCounts:
     model_steps: int = 0
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What the outlook decided and the proposal drew, for propose and observe."""
+
+    copied: list[bool]  # [B] row b takes the suffix's draft (its expected kept tokens >= min_score)
+    suffix: DraftOutlook  # the suffix's own outlook
+    model: DraftOutlook | None  # the model's own outlook; None: every row copies, the model is not asked
+    k_rows: list[int] | None = None  # [B] the drafts proposed (propose)
+    suffix_proposal: Proposal | None = None  # the suffix's proposal (propose)
+    model_proposal: Proposal | None = None  # the model's proposal; None: it did not run (propose)
+
+
 class SuffixModelDrafter(Drafter):
     """Per row and step, the suffix drafter's copy where its index is confident, a draft model's proposal elsewhere.
 
-    model: a ModelDrafter, or what a generator takes as a draft model (load_model's LoadedModel, a transformers
-    causal LM, a ModelBackend). vocab_size: the vocabulary q is defined on, the target's; by default the model's
-    tokenizer's (as load_model's llama.cpp and static backends restrict theirs), else its output layer's. suffix: a
-    SuffixDrafter (its history, keys and thresholds); a new one with a history of its own by default. min_score:
-    the expected number of kept tokens from which a row takes the suffix's draft (MIN_SCORE: why one token).
+    model: a ModelDrafter, or what a generator takes as a draft model (load_model's LoadedModel, a
+    transformers causal LM, a ModelBackend). vocab_size: the vocabulary q is defined on, the target's; by default
+    the model's tokenizer's (as load_model's llama.cpp and static backends restrict theirs), else its output
+    layer's. suffix: a SuffixDrafter (its history, keys and thresholds), or any drafter whose outlook says how many
+    of its drafts it expects kept; a new SuffixDrafter with a history of its own by default. min_score: the expected
+    number of kept tokens from which a row takes the suffix's draft (MIN_SCORE: why one token).
     """
 
-    def __init__(self, model, suffix: SuffixDrafter | None = None, min_score: float = MIN_SCORE,
+    def __init__(self, model, suffix: Drafter | None = None, min_score: float = MIN_SCORE,
                  vocab_size: int | None = None):
         if not min_score > 0:
             raise ValueError(f"min_score must be > 0 (expected kept tokens of a suffix draft), got {min_score}")
@@ -76,113 +92,74 @@ class SuffixModelDrafter(Drafter):
         self.min_score = min_score
         self.vocab_size = self.model_drafter.vocab_size
         self.max_rows = self.model_drafter.max_rows
-        self.catch_up_window = self.model_drafter.catch_up_window
+        self.needs_hidden_states = self.model_drafter.needs_hidden_states or self.suffix.needs_hidden_states
         self.counts = SourceCounts()
-        self._copied: list[bool] | None = None  # per row, whether the suffix drafts it this step (max_drafts)
-        self._drafted: list[int] = []  # per row, the drafts proposed this step (for the counts)
-        self._model_tokens: torch.Tensor | None = None  # the model's drafts [B, K] on a step it ran
+        self.forward_calls = 0  # the model's forwards, as its proposals report them
 
-    @property
-    def forward_calls(self) -> int:
-        return self.model_drafter.forward_calls
+    def relayout(self, change: RowChange) -> None:
+        for part in (self.model_drafter, self.suffix):
+            part.relayout(change)
 
-    # ------------------------------------------------------------------ rows
-    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor | None, hidden=None) -> None:
-        self.suffix.prefill(input_ids, valid)
-        self.model_drafter.prefill(input_ids, valid)
-        self._copied, self._drafted, self._model_tokens = None, [], None
+    def outlook(self, rows: DraftRows) -> DraftOutlook:
+        """Plans the step: rows whose suffix draft expects min_score kept tokens copy it (as many drafts as it
+        has, in its class), the others take the model's. A step where every row copies is free and feeds the model
+        nothing; otherwise the backlog is the model's."""
+        suffix = self.suffix.outlook(rows)
+        copied = [s >= self.min_score for s in suffix.expected]
+        if all(copied):
+            zeros = [0] * len(copied)
+            return DraftOutlook(suffix.drafts, suffix.classes, suffix.expected, True, zeros, zeros,
+                                _Plan(copied, suffix, None))
+        model = self.model_drafter.outlook(rows)
+        classes = suffix.classes or [None] * len(copied)
+        return DraftOutlook([n if c else m for n, m, c in zip(suffix.drafts, model.drafts, copied)],
+                            [k if c else None for k, c in zip(classes, copied)], None, False, model.behind,
+                            model.probe_behind, _Plan(copied, suffix, model))
 
-    def fork(self, batch_size: int) -> "SuffixModelDrafter":
-        other = SuffixModelDrafter(self.model_drafter.fork(batch_size), self.suffix.fork(batch_size), self.min_score)
-        other.counts, other.model_tokenizer = self.counts, self.model_tokenizer  # one tally for joining rows too
-        return other
+    def propose(self, choice: DraftChoice, context: DraftContext) -> Proposal:
+        plan = choice.outlook.plan
+        copied = plan.copied
+        suffix = self.suffix.propose(replace(choice, outlook=plan.suffix), context)
+        if all(c or not n for c, n in zip(copied, choice.k_rows)):  # no drafting row needs the model
+            self.counts.free_steps += 1
+            return Proposal(suffix.tokens, free=True,
+                            plan=replace(plan, k_rows=choice.k_rows, suffix_proposal=suffix))
+        self.counts.model_steps += 1
+        model = self.model_drafter.propose(replace(choice, outlook=plan.model), context)  # a copying row's: dropped
+        self.forward_calls += model.forward_calls
+        use = torch.tensor(copied, device=model.tokens.device).unsqueeze(1)
+        tokens = torch.where(use, suffix.tokens.to(model.tokens.device), model.tokens)
+        return Proposal(tokens, _one_hot_rows(model.q, tokens, copied, context), model.catch_up_s,
+                        model.catch_up_tokens, model.clean, forward_calls=model.forward_calls,
+                        plan=replace(plan, k_rows=choice.k_rows, suffix_proposal=suffix, model_proposal=model))
 
-    def merge(self, other: "SuffixModelDrafter") -> None:
-        self.model_drafter.merge(other.model_drafter)
-        self.suffix.merge(other.suffix)
-        self._copied, self._drafted, self._model_tokens = None, [], None
+    def observe(self, outcome: DraftOutcome) -> None:
+        """The suffix reads every emitted token; the model keeps its own rows' kept drafts, and of a suffix row's only
+        those it drew the same as the emitted tokens (its cache holds exactly those tokens' keys and values); it
+        trims the rest and feeds the row's text after them next."""
+        plan = outcome.proposal.plan if outcome.proposal is not None else None
+        if plan is None:
+            for part in (self.suffix, self.model_drafter):
+                part.observe(outcome)
+            return
+        self._count(plan.k_rows, outcome.kept, plan.copied)
+        self.suffix.observe(replace(outcome, proposal=plan.suffix_proposal))
+        model = plan.model_proposal
+        kept = outcome.kept
+        if model is not None:
+            drafts = model.tokens.tolist()  # after the loop's sync: no wait
+            kept = [_agreed(d, e) if c else n for d, e, n, c in zip(drafts, outcome.emitted, kept, plan.copied)]
+        self.model_drafter.observe(replace(outcome, kept=kept, proposal=model))
 
-    def select_rows(self, rows: list[int]) -> None:
-        self.model_drafter.select_rows(rows)
-        self.suffix.select_rows(rows)
-        self._copied, self._drafted, self._model_tokens = None, [], None
-
-    def discard(self) -> None:
-        self.model_drafter.discard()
-        self.select_rows([])
-
-    def set_prefix_cache(self, max_tokens: int) -> None:
-        self.model_drafter.set_prefix_cache(max_tokens)
-
-    def update(self, emitted: list[list[int]], kept: list[int], hidden=None) -> None:
-        """The suffix index reads every emitted token; the model keeps its own rows' kept drafts, and of a suffix
-        row's only those it drew the same as the emitted tokens (its cache holds exactly those tokens' keys and
-        values); it trims the rest and feeds the emitted tokens after them next."""
-        copied = self._copied or [False] * len(kept)
-        self._count(kept, copied)
-        self.suffix.update(emitted, kept)
-        self.model_drafter.update(emitted, self._model_kept(emitted, kept, copied))
-        self._copied, self._drafted, self._model_tokens = None, [], None
-
-    def _model_kept(self, emitted: list[list[int]], kept: list[int], copied: list[bool]) -> list[int]:
-        if self._model_tokens is None:  # the model did not run: it queues every emitted token whatever it is told
-            return [0] * len(kept)
-        drafts = self._model_tokens.tolist()  # after the loop's sync: no wait
-        return [_agreed(d, e) if c else n for d, e, n, c in zip(drafts, emitted, kept, copied)]
-
-    def _count(self, kept: list[int], copied: list[bool]) -> None:
+    def _count(self, drafted: list[int], kept: list[int], copied: list[bool]) -> None:
         counts = self.counts
-        for n, a, c in zip(self._drafted, kept, copied):
+        for n, a, c in zip(drafted, kept, copied):
             if c:
                 counts.suffix_drafts += n
                 counts.suffix_kept += a
             else:
                 counts.model_drafts += n
                 counts.model_kept += a
-
-    # ------------------------------------------------------------------ the step's plan
-    def max_drafts(self, k: int) -> list[int]:
-        """Plans the step: rows whose suffix draft expects min_score kept tokens copy it (as many drafts as it
-        has), the others take the model's k."""
-        lengths, scores = self.suffix.max_drafts(k), self.suffix.scores(k)
-        self._copied = [s >= self.min_score for s in scores]
-        return [n if c else k for n, c in zip(lengths, self._copied)]
-
-    def own_k(self, ks: list[int]) -> None:
-        self.suffix.own_k(ks)
-
-    def draft_classes(self) -> list[int | None]:
-        """The suffix index's classes for the rows that copy; None for the rows the model drafts."""
-        classes = self.suffix.draft_classes()
-        return [c if copied else None for c, copied in zip(classes, self._copied or [False] * len(classes))]
-
-    def drafts_free(self) -> bool:
-        return self._copied is not None and all(self._copied)
-
-    def behind(self) -> list[int]:
-        """The model's backlog per row; none on a step the suffix drafts alone (the model does not run)."""
-        return [0] * len(self._copied) if self.drafts_free() else self.model_drafter.behind()
-
-    def limit_catch_up(self) -> None:
-        if not self.drafts_free():  # a step without the model keeps the model's cache whole for later
-            self.model_drafter.limit_catch_up()
-
-    # ------------------------------------------------------------------ drafting
-    def propose(self, k: int, context, uniforms, num_drafts):
-        if self._copied is None:  # asked without max_drafts: plan now
-            self.max_drafts(k)
-        copied, self._drafted = self._copied, list(num_drafts)
-        suffix = self.suffix.propose(k, context, uniforms, num_drafts)
-        if all(c or not n for c, n in zip(copied, num_drafts)):  # no drafting row needs the model
-            self.counts.free_steps += 1
-            return Proposal(suffix.tokens, free=True)
-        self.counts.model_steps += 1
-        model = self.model_drafter.propose(k, context, uniforms, num_drafts)
-        self._model_tokens = model.tokens
-        use = torch.tensor(copied, device=model.tokens.device).unsqueeze(1)
-        tokens = torch.where(use, suffix.tokens.to(model.tokens.device), model.tokens)
-        return Proposal(tokens, _one_hot_rows(model.q, tokens, copied, context), model.catch_up_s,
-                        model.catch_up_tokens, model.clean)
 
 
 def _one_hot_rows(q: torch.Tensor | None, tokens: torch.Tensor, copied: list[bool], context) -> torch.Tensor | None:
@@ -210,7 +187,7 @@ def _agreed(drafts: list[int], emitted: list[int]) -> int:
 def _model_drafter(model, vocab_size: int | None) -> tuple[ModelDrafter, object | None]:
     """(drafter, the model's tokenizer or None): a ModelDrafter as it is; anything else a generator takes as a draft
     model, restricted to vocab_size (by default its tokenizer's length: the vocabulary the target shares)."""
-    if isinstance(model, ModelDrafter):
+    if isinstance(model, Drafter):  # a ModelDrafter, or a draft of another tokenizer (cross_vocab.py)
         return model, None
     inner, tokenizer = unwrap_model(model)
     if vocab_size is None and tokenizer is not None:

@@ -16,19 +16,23 @@ import torch
 
 from ..backends import as_backend
 from ..backends.base import eos_token_ids, underlying_model
-from ..drafters import Drafter, as_drafter
+from ..drafters import Drafter, across_tokenizers, as_drafter, set_prefix_cache
 from ..errors import OptionError
 from ..policy.choose import make_policy
 from ..exact.rejection import METHODS
+from .params import MAX_LOGPROBS, GenerationParams, per_row  # noqa: F401  (MAX_LOGPROBS: where callers found it)
 from .results import GenerationResult, TokenEvent
 from ..exact.sampling import SamplingParams
 from .session import DecodingSession
-from ..policy.speculation import Speculation
+from ..policy.speculation import AUTO, Speculation
 from ..text.vocab import shared_vocab_size, tokenizer_eos_ids, unwrap_model
 
 Prompts = str | Sequence[str] | Sequence[Sequence[int]]
-MAX_LOGPROBS = 20  # top alternatives per position a row may ask for (OpenAI's limit)
-OPTIONS = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias")  # request()'s
+GRAMMAR_CACHE_ENTRIES = 64  # compiled grammars kept by default (a server sets its own: --grammar-cache)
+# request()'s settings in their positional order from before GenerationParams (kept for its callers)
+_POSITIONAL = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos", "stop", "stop_token_ids",
+               "num_speculative_tokens", "constraint", "logprobs", "seed_index", "min_p", "presence_penalty",
+               "frequency_penalty", "repetition_penalty", "logit_bias")
 
 
 @dataclass
@@ -95,6 +99,8 @@ class SpeculativeGenerator:
         draft_model, draft_tok = unwrap_model(draft) if draft is not None else (None, None)
         if isinstance(draft_model, Drafter):  # a drafter around a model of its own (suffix+MODEL) names its tokenizer
             draft_tok = draft_model.model_tokenizer
+        # a draft of another tokenizer drafts through its text (drafters/cross_vocab.py): it proposes target tokens
+        draft_model, draft_tok = across_tokenizers(draft_model, draft_tok, target_tok or tokenizer)
         self.tokenizer = tokenizer or target_tok or draft_tok
         vocab = shared_vocab_size(target_model, draft_model, target_tok or tokenizer, draft_tok, vocab_size)
         self.target = as_backend(target_model, vocab)
@@ -107,6 +113,7 @@ class SpeculativeGenerator:
         self.timing = self.target.device.type != "cuda" if timing is None else timing
         self.eos_token_ids = eos_token_ids(self.target) | tokenizer_eos_ids(self.tokenizer)
         self._grammars = None  # the tokenizer's grammar compiler, made when a request first needs one
+        self.grammar_cache_entries = GRAMMAR_CACHE_ENTRIES
         self.prefix_cache = None
         self.set_prefix_cache(prefix_cache_tokens)
 
@@ -130,60 +137,39 @@ class SpeculativeGenerator:
         """The target backend's underlying model object, when it has one (None otherwise)."""
         return underlying_model(self.target)
 
-    def generate(self, prompts: Prompts, max_new_tokens: int | Sequence[int] = 64, temperature=1.0, top_k=0,
-                 top_p=1.0, seed=None, ignore_eos: bool = False,
-                 stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
-                 num_speculative_tokens: int | str | None = None,
-                 on_token: Callable[[TokenEvent], None] | None = None, json_schema=None, grammar=None, regex=None,
-                 return_logprobs: int | None = None, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
-                 repetition_penalty=1.0, logit_bias=None) -> GenerationResult:
-        stream = self.stream(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                             top_p=top_p, seed=seed, ignore_eos=ignore_eos, stop=stop, stop_token_ids=stop_token_ids,
-                             num_speculative_tokens=num_speculative_tokens, json_schema=json_schema,
-                             grammar=grammar, regex=regex, return_logprobs=return_logprobs, min_p=min_p,
-                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                             repetition_penalty=repetition_penalty, logit_bias=logit_bias)
+    def generate(self, prompts: Prompts, params: GenerationParams | None = None,
+                 on_token: Callable[[TokenEvent], None] | None = None, **overrides) -> GenerationResult:
+        """Decode every prompt (a batch of rows) to the end; see stream() for the settings. on_token is called with
+        each TokenEvent as it is decided."""
+        stream = self.stream(prompts, params, **overrides)
         for event in stream:
             if on_token is not None:
                 on_token(event)
         return stream.result
 
-    def stream(self, prompts: Prompts, max_new_tokens: int | Sequence[int] = 64, temperature=1.0, top_k=0,
-               top_p=1.0, seed=None, ignore_eos: bool = False, stop: str | Sequence[str] | None = None,
-               stop_token_ids: Sequence[int] | None = None, num_speculative_tokens: int | str | None = None,
-               json_schema=None, grammar=None, regex=None, return_logprobs: int | None = None, min_p=0.0,
-               presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, logit_bias=None) -> TokenStream:
+    def stream(self, prompts: Prompts, params: GenerationParams | None = None, **overrides) -> TokenStream:
         """Like generate(), as an iterator of TokenEvents. Arguments are checked here, before any work.
 
-        temperature, top_k, top_p, seed, json_schema, grammar and regex take one value for every row or a list with
-        one per row (None: that row is free). A row's output depends only on its own prompt, settings and seed,
-        never on the other rows of the batch. An int seed S is one request of n rows: row i draws from the stream
-        of (S, i), mixed by numpy's SeedSequence, so different seeds never share a stream and row 0 equals a solo
-        call with seed=S; a list gives each row its own seed (each a one-row request), or (seed, index) pairs.
-        json_schema (a dict or JSON text), grammar (Lark, as llguidance takes it) or regex constrain a row's
-        output; at most one of them per row. return_logprobs=N reports every new token's log-probability and the
-        N most likely tokens at its position (0..20) in result.logprobs / result.top_logprobs.
-        min_p, presence_penalty, frequency_penalty, repetition_penalty and logit_bias ({token id: value}) take one
-        value or one per row too (see `request`); the output stays exactly the target's under them.
+        params: a GenerationParams (None: its defaults); overrides: any of its fields as keywords, on top of it
+        (return_logprobs= is logprobs=). max_new_tokens, temperature, top_k, top_p, min_p, presence_penalty,
+        frequency_penalty, repetition_penalty, logit_bias ({token id: value}), seed, json_schema, grammar and regex
+        take one value for every row or a list with one per row (None: that row is free). A row's output depends
+        only on its own prompt, settings and seed, never on the other rows of the batch. An int seed S is one
+        request of n rows: row i draws from the stream of (S, i), mixed by numpy's SeedSequence, so different seeds
+        never share a stream and row 0 equals a solo call with seed=S; a list gives each row its own seed (each a
+        one-row request), or (seed, index) pairs. json_schema (a dict or JSON text), json_object, grammar (Lark, as
+        llguidance takes it) or regex constrain a row's output; at most one of them per row. logprobs=N reports
+        every new token's log-probability and the N most likely tokens at its position (0..20) in result.logprobs
+        / result.top_logprobs. num_speculative_tokens ("auto" or a K) is the policy of this call's session.
+        The output stays exactly the target's under every option.
         """
         prompt_ids = self.encode(prompts)
-        n = len(prompt_ids)
-        seeds, indices = _row_seeds(seed, n)
-        grammars = zip(_per_row(json_schema, n, "json_schema", dict), _per_row(grammar, n, "grammar"),
-                       _per_row(regex, n, "regex"))
-        options = [dict(zip(OPTIONS, values)) for values in zip(
-            _per_row(min_p, n, "min_p"), _per_row(presence_penalty, n, "presence_penalty"),
-            _per_row(frequency_penalty, n, "frequency_penalty"), _per_row(repetition_penalty, n, "repetition_penalty"),
-            _per_row(logit_bias, n, "logit_bias", dict))]
-        settings = zip(prompt_ids, _per_row(max_new_tokens, n, "max_new_tokens"),
-                       _per_row(temperature, n, "temperature"), _per_row(top_k, n, "top_k"),
-                       _per_row(top_p, n, "top_p"), seeds, indices, grammars, options)
-        requests = [self.request(ids, limit, t, k, p, s, ignore_eos, stop, stop_token_ids, seed_index=i,
-                                 constraint=self.constraint(*g), logprobs=return_logprobs, **o)
-                    for ids, limit, t, k, p, s, i, g, o in settings]
+        rows = per_row(len(prompt_ids), params, overrides)
+        k = rows[0][0].num_speculative_tokens  # one value for the call (not a per-row keyword): its session's policy
+        requests = [self._request(ids, p, i, None) for ids, (p, i) in zip(prompt_ids, rows)]
         policy = None
-        if num_speculative_tokens is not None:
-            speculation = Speculation.parse(num_speculative_tokens if self.drafter is not None else 0)
+        if k is not None:
+            speculation = Speculation.parse(k if self.drafter is not None else 0)
             if speculation != self.speculation:
                 policy = make_policy(speculation, self.max_speculative_tokens)
         session = DecodingSession(self, policy)
@@ -197,53 +183,52 @@ class SpeculativeGenerator:
 
         return ConstraintSpec.of(json_schema=json_schema, grammar=grammar, regex=regex, json_object=json_object)
 
-    def request(self, prompt_ids: list[int], max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
-                top_p: float = 1.0, seed: int | None = None, ignore_eos: bool = False,
-                stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
-                num_speculative_tokens: int | None = None, constraint=None, logprobs: int | None = None,
-                seed_index: int = 0, min_p: float = 0.0, presence_penalty: float = 0.0,
-                frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logit_bias=None) -> Request:
-        """A checked Request for one prompt of token ids (clear errors before any work).
+    def request(self, prompt_ids: list[int], *args, params: GenerationParams | None = None, seed_index: int = 0,
+                constraint=None, **overrides) -> Request:
+        """A checked Request for one prompt of token ids (clear errors before any work): one row of a session.
 
+        params: a GenerationParams (None: its defaults); overrides: any of its fields as keywords, on top of it
+        (positionally, in request()'s order before GenerationParams: max_new_tokens, temperature, top_k, top_p,
+        seed, ignore_eos, stop, stop_token_ids, num_speculative_tokens, constraint, logprobs, seed_index, min_p, the
+        penalties, logit_bias).
         num_speculative_tokens fixes this row's K (0 = plain decoding, e.g. for a side-by-side race) whatever the
-        session's policy; None leaves it to the policy. constraint: a constraints.ConstraintSpec (compiled here, so
-        an invalid schema fails now). logprobs: None, or how many top alternatives to report (0..20). seed_index:
-        the row of its request (row i of a request seeded S draws from the stream of (S, i)). min_p (0..1),
-        presence_penalty and frequency_penalty (-2..2, over the output), repetition_penalty (> 0, over prompt +
-        output) and logit_bias ({token id: -100..100}, added to the raw logits): penalties.py has the formulas."""
-        params = SamplingParams(temperature, top_k, top_p, min_p, presence_penalty, frequency_penalty,
-                                repetition_penalty, logit_bias or ())
+        session's policy; None leaves it to the policy. constraint: a constraints.ConstraintSpec, in place of the
+        params' own (compiled here, so an invalid schema fails now). seed_index: the row of its request (row i of a
+        request seeded S draws from the stream of (S, i)). penalties.py has the penalties' formulas."""
+        if len(args) > len(_POSITIONAL):
+            raise TypeError(f"request() takes at most {len(_POSITIONAL)} settings positionally")
+        named = dict(zip(_POSITIONAL, args))
+        seed_index = named.pop("seed_index", seed_index)
+        constraint = named.pop("constraint", constraint)
+        params = GenerationParams.merged(params, {**named, **overrides})
+        k = params.num_speculative_tokens
+        if k == AUTO:
+            raise ValueError("a request's num_speculative_tokens is a fixed K (0 = plain) or None (the policy's)")
+        return self._request(prompt_ids, params, seed_index, k, constraint)
+
+    def _request(self, prompt_ids: list[int], params: GenerationParams, seed_index: int, k: int | None,
+                 constraint=None) -> Request:
+        """The Request of checked params for this generator: what needs the model is checked here."""
         outside = [t for t, _ in params.logit_bias if t >= self.vocab_size]
         if outside:
             raise OptionError("logit_bias", f"logit_bias has token ids outside the vocabulary [0, {self.vocab_size}): "
                                             f"{outside[:5]}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         context = self.target.max_positions
-        if context and len(prompt_ids) + max_new_tokens > context:
-            raise ValueError(f"the prompt has {len(prompt_ids)} tokens; with max_new_tokens={max_new_tokens} that "
-                             f"exceeds the model's context of {context} tokens: shorten the prompt or lower "
+        if context and len(prompt_ids) + params.max_new_tokens > context:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens; with max_new_tokens={params.max_new_tokens} "
+                             f"that exceeds the model's context of {context} tokens: shorten the prompt or lower "
                              f"max_new_tokens")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ValueError(f"seed must be an integer >= 0 (or None), got {seed!r}")
         if isinstance(seed_index, bool) or not isinstance(seed_index, int) or seed_index < 0:
             raise ValueError(f"seed_index must be an integer >= 0, got {seed_index!r}")
-        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
-                                     or not 0 <= logprobs <= MAX_LOGPROBS):
-            raise ValueError(f"logprobs must be an integer 0..{MAX_LOGPROBS} (or None), got {logprobs!r}")
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if any(not isinstance(s, str) or not s for s in stops):
-            raise ValueError("stop strings must be non-empty strings")
-        if stops and self.tokenizer is None:
+        if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer: pass tokenizer= or use load_model()")
-        stop_ids = frozenset(stop_token_ids or ()) | (frozenset() if ignore_eos else frozenset(self.eos_token_ids))
-        k = None if num_speculative_tokens is None else Speculation.parse(num_speculative_tokens).k
-        if num_speculative_tokens is not None and k is None:
-            raise ValueError("a request's num_speculative_tokens is a fixed K (0 = plain) or None (the policy's)")
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos
+                                                       else frozenset(self.eos_token_ids))
         if k and self.drafter is None:
             raise ValueError("this generator has no draft: num_speculative_tokens must be 0 or None")
-        return Request(list(prompt_ids), max_new_tokens, params, seed, stop_ids, tuple(stops), k,
-                       self._compile(constraint), logprobs, seed_index)
+        grammar = self._compile(constraint if constraint is not None else params.constraint)
+        return Request(list(prompt_ids), params.max_new_tokens, params.sampling, params.seed, stop_ids, params.stop,
+                       k, grammar, params.logprobs, seed_index)
 
     def _compile(self, constraint):
         if constraint is None:
@@ -256,13 +241,25 @@ class SpeculativeGenerator:
 
             self._grammars = GrammarCompiler.for_tokenizer(self.tokenizer, self.vocab_size,
                                                            eos_token_ids=sorted(self.eos_token_ids))
+            self._grammars.cache_size = self.grammar_cache_entries
         return self._grammars.compile(constraint)
+
+    def set_grammar_cache(self, entries: int) -> None:
+        """Keep up to `entries` compiled grammars (LRU; each distinct json_schema, regex or tool set is one)."""
+        if isinstance(entries, bool) or not isinstance(entries, int) or entries < 1:
+            raise ValueError(f"the grammar cache holds an integer >= 1 of grammars, got {entries!r}")
+        self.grammar_cache_entries = entries
+        if self._grammars is not None:  # shrinks at its next compile
+            self._grammars.cache_size = entries
+
+    def grammar_cache(self):
+        """The compiled grammars' cache (hits, misses, maxsize, currsize); None before a request needed one."""
+        return self._grammars.cache_info() if self._grammars is not None else None
 
     def set_prefix_cache(self, max_tokens: int) -> None:
         """Keep up to max_tokens tokens of finished rows' KV to reuse for prompts that start with them (0: off)."""
         self.prefix_cache = _prefix_cache(self.target, max_tokens)
-        if self.drafter is not None:
-            self.drafter.set_prefix_cache(max_tokens)
+        set_prefix_cache(self.drafter, max_tokens)
 
     def session(self, policy=None, prefill_tokens_per_step: int | None = None,
                 max_batch: int | None = None) -> "DecodingSession":
@@ -299,28 +296,6 @@ class AutoregressiveGenerator(SpeculativeGenerator):
 
     def __init__(self, target, tokenizer=None, vocab_size: int | None = None):
         super().__init__(target, None, num_speculative_tokens=0, tokenizer=tokenizer, vocab_size=vocab_size)
-
-
-def _per_row(value, n: int, name: str, scalar: type | None = None) -> list:
-    """One value per row: a list or tuple gives each row its own, anything else is shared (scalar: a type that is a
-    single value even though it is a container, as a JSON schema dict)."""
-    if isinstance(value, (list, tuple)) and not (scalar is not None and isinstance(value, scalar)):
-        if len(value) != n:
-            raise ValueError(f"{name} has {len(value)} entries for {n} prompts: give one value, or one per prompt")
-        return list(value)
-    return [value] * n
-
-
-def _row_seeds(seed, n: int) -> tuple[list, list[int]]:
-    """(seed, row index within its request) per row: an int S is one request of n rows; a list gives each row a
-    request of its own (None: fresh randomness), or a (seed, index) pair: row `index` of the request seeded `seed`
-    (a caller that cuts one request into several calls keeps each row's stream that way)."""
-    if isinstance(seed, (list, tuple)):
-        pairs = [s if isinstance(s, tuple) and len(s) == 2 else (s, 0) for s in _per_row(seed, n, "seed")]
-        return [s for s, _ in pairs], [i for _, i in pairs]
-    if isinstance(seed, int) and not isinstance(seed, bool):
-        return [seed] * n, list(range(n))
-    return [seed] * n, [0] * n  # None, or a bad value that request() rejects with a clear error
 
 
 def _prefix_cache(target, max_tokens: int):

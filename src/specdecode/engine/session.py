@@ -1,6 +1,7 @@
 """A running batch: rows join between steps (their prompts prefilled beside the running rows), every step verifies
 each row's proposal in one target forward, and rows leave when they finish (continuous batching).
-Rows join through admission.py (the Admission half of the session); what each row holds is row_batch.py's Row.
+Rows are prefilled by admission.py's Admission; they join and leave through layout.py's RowLayout, which moves every
+holder of per-row state at once; what each row holds on the host is row_batch.py's Row.
 
 One step, in the order of the paper, with one value handed from each phase to the next:
 
@@ -10,28 +11,28 @@ One step, in the order of the paper, with one value handed from each phase to th
     verify   -> Verified   one target forward, the exact rule per row (chains or token trees: decided here, once)
     commit                 caches, random streams, grammars and the drafter keep what was verified
     learn                  the policy observes the Outcome
-    emit     -> events     tokens appended per row until it finishes; finished rows leave the RowBatch
+    emit     -> events     tokens appended per row until it finishes; finished rows leave (one RowChange)
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .admission import Admission, Staging
-from ..backends.base import (argmax_forward, caches_prefixes, cold_forwards, logits_and_hidden, max_rows, tree_leaves,
-                            verifies_trees)
+from .admission import Admission
+from ..backends.base import capabilities, logits_and_hidden
+from ..backends.rows import RowChange
 from ..text.detokenize import IncrementalDetokenizer, find_stop
-from ..drafters import DraftContext, ModelDrafter, Proposal
+from ..drafters import DraftChoice, DraftContext, DraftOutcome, DraftOutlook, DraftRows, ModelDrafter, Proposal
 from ..policy.choose import Outcome, Outlook
 from ..exact.rejection import accept_greedy_lists
+from .layout import RowLayout
 from .results import GenerationResult, Stats, TokenEvent
-from .row_batch import Row, RowBatch
+from .row_batch import Row, RowBatch, result_of
 from ..structured.row_grammars import with_forced
 from ..exact.sampling import BatchSampling
 from ..exact.verification import Verified, token_logprobs, verify_rows, verify_tree_rows
@@ -47,6 +48,7 @@ class StepPlan:
     k_rows: list[int]  # [B] drafts asked of the drafter for row b (0 for a forced row)
     widths: list[int]  # [B] tokens verified after row b's last token: f_b for a forced row, else k_rows[b]
     trial: bool  # the policy's probe or exploration: the drafter may bound its catch-up (still exact)
+    outlook: DraftOutlook | None  # the drafter's outlook, handed back to it with the choice; None: it was not asked
     u_draft: torch.Tensor  # [B, K] float64: row b's uniforms drawing its drafts (zeros for greedy and coupled rows)
     u_verify: torch.Tensor  # [B, K+1] float64: its uniforms accepting them, then (column K) the token after
     noise: torch.Tensor | None  # [C, K+1, V] float64: the coupled rows' Gumbel noise; None: no coupled row
@@ -61,10 +63,11 @@ class Drafts:
     parents: list[list[int]] | None  # [B][K'] a token tree per row (token_tree.py); None: chains
     masks: torch.Tensor | None  # [B, K'+1, V] float32 additive grammar masks; None: no row constrained
     widths: list[int]  # [B] the plan's widths, cut before the first token a row's grammar forbids
-    proposal: Proposal  # the drafter's own, for its costs (catch_up_s, clean, free)
+    proposal: Proposal  # the drafter's own, for its costs (catch_up_s, clean, free); empty when it was not asked
+    asked: bool  # whether the drafter proposed this step (it observes its proposal)
 
 
-class DecodingSession(Admission):
+class DecodingSession:
     """One running batch on a generator's models: rows join between steps and leave when they finish.
 
     add() queues a request; each step() first prefills queued prompts (at most prefill_tokens_per_step prompt
@@ -76,7 +79,9 @@ class DecodingSession(Admission):
 
     def __init__(self, gen, policy=None, prefill_tokens_per_step: int | None = None, max_batch: int | None = None):
         self.gen, self.target, self.drafter = gen, gen.target, gen.drafter
-        limits = [max_batch, max_rows(self.target), self.drafter.max_rows if self.drafter is not None else None]
+        # what the target offers beyond its methods, read once (the loop reads nothing of a backend by name)
+        self.capabilities = caps = capabilities(self.target)
+        limits = [max_batch, caps.max_rows, self.drafter.max_rows if self.drafter is not None else None]
         self.max_batch = min((n for n in limits if n), default=None)
         self.policy = policy or gen.policy
         self.prefill_tokens_per_step = prefill_tokens_per_step
@@ -84,41 +89,51 @@ class DecodingSession(Admission):
         self.rows: dict[int, Row] = {}  # the rows added and not released (release)
         self._next_index = 0  # row ids are never reused, released or not
         self._released: set[int] = set()  # rows released while still running: forgotten once they finish
-        self.batch = RowBatch.of([], self.target.vocab_size, self.device)  # the running rows
-        self.waiting: deque[Row] = deque()
-        self._staging: Staging | None = None
         self.cancelled: set[int] = set()
         self.hidden_wanted = self.drafter is not None and self.drafter.needs_hidden_states
         # Hidden states of a cached prefix are not kept: a drafter that reads them prefills whole prompts.
         self.prefix_cache = None if self.hidden_wanted else gen.prefix_cache
-        self.shares_prompts = caches_prefixes(self.target) and not self.hidden_wanted
-        self.trees = verifies_trees(self.target) and not self.hidden_wanted
-        # past it each draft would cost a forward of its own (llama.cpp's exact mode): drafts are capped before it
-        self.single_token_from = getattr(self.target, "single_token_from", None)
-        if self.trees and self.drafter is not None:  # a row's tree fits whatever the other rows' trees
-            self.drafter.limit_tree_leaves(tree_leaves(self.target))
+        self.trees = caps.trees and not self.hidden_wanted
         # only drafts that all cost a model forward may settle the policy (policy.py, Settling)
         self.policy.model_drafts = isinstance(self.drafter, ModelDrafter)
         max_k = self.policy.max_k
         self.stats = Stats(num_speculative_tokens=max_k, accepted_per_position=[0] * max_k,
                            proposed_per_position=[0] * max_k, policy="auto" if self.policy.adaptive else "fixed")
+        self.admission = Admission(self.target, caps, self.prefix_cache, prefill_tokens_per_step, self.hidden_wanted,
+                                   caps.prefix_caching and not self.hidden_wanted, gen.method, self.stats)
+        self.layout = RowLayout(self.target, self.prefix_cache, self.drafter, self.target.vocab_size)
+        self.layout.reset()  # an empty batch: rows join through admission and the layout
         self._started = None
         self.steps = 0  # step() calls so far: TokenEvent.step says which one decided a token
-        self.target.reset(0)
-        if self.drafter is not None:
-            self.drafter.select_rows([])  # an empty batch: rows join through fork and merge
+
+    @property
+    def batch(self) -> RowBatch:
+        return self.layout.batch
 
     @property
     def active(self) -> list[Row]:
-        return self.batch.rows
+        return self.layout.batch.rows
 
     @property
     def sampling(self) -> BatchSampling:
-        return self.batch.sampling
+        return self.layout.batch.sampling
+
+    @property
+    def waiting(self):
+        return self.admission.waiting
+
+    @property
+    def shares_prompts(self) -> bool:
+        """Whether rows that join with the same prompt prefill it once (a target with prefix caching)."""
+        return self.admission.share
+
+    @shares_prompts.setter
+    def shares_prompts(self, share: bool) -> None:
+        self.admission.share = share
 
     @property
     def idle(self) -> bool:
-        return not self.active and not self.waiting and self._staging is None
+        return not self.active and not self.admission.waiting and self.admission.staging is None
 
     @property
     def running(self) -> int:
@@ -126,7 +141,7 @@ class DecodingSession(Admission):
 
     @property
     def queued(self) -> int:
-        return len(self.waiting) + (self._staging.size if self._staging else 0)
+        return self.admission.queued
 
     def add(self, request) -> int:
         """Queue a request; returns its row id (TokenEvent.row of its tokens). It joins at the next step."""
@@ -141,7 +156,7 @@ class DecodingSession(Admission):
         row = Row(index, request, IncrementalDetokenizer(tok, request.prompt) if tok else None, coupled,
                   self.policy.new_row(), matcher)
         self.rows[index] = row
-        self.waiting.append(row)
+        self.admission.waiting.append(row)
         self.stats.num_rows += 1
         self.stats.prompt_tokens += len(request.prompt)
         return index
@@ -149,11 +164,8 @@ class DecodingSession(Admission):
     def abandon(self) -> None:
         """After a step that raised: every row leaves, and nothing of the caches is parked (a failed forward may have
         written some layers and not others). The generator's models are then free for a new session."""
-        self.target.reset(0)
-        if self.drafter is not None:
-            self.drafter.discard()
-        self.batch, self._staging = RowBatch.of([], self.target.vocab_size, self.device), None
-        self.waiting.clear()
+        self.layout.reset(broken=True)
+        self.admission.clear()
 
     def cancel(self, index: int) -> None:
         """End a row at the next step boundary (finish_reason "cancelled"), wherever it is."""
@@ -184,7 +196,7 @@ class DecodingSession(Admission):
         if self._started is None:
             self._started = time.perf_counter()
         self.steps += 1
-        events = self._admit()
+        events = self._join()
         if self._released:
             self._forget_released()
         self.stats.wall_time_s = time.perf_counter() - self._started
@@ -206,12 +218,14 @@ class DecodingSession(Admission):
         plan = self._plan()
         drafts = self._propose(plan)
         t1 = self._clock()
-        cold = cold_forwards(self.target)
+        counter = self.capabilities.cold_forwards
+        cold = counter() if counter is not None else 0
         verified = self._verify(plan, drafts)
         t2 = self._clock()
-        self._commit(plan, verified)
+        self._commit(plan, drafts, verified)
         # a forward that captured a CUDA graph (or ran its shape's first sight eagerly) is no sample of its cost
-        self._learn(plan, drafts, verified, t1 - t0, t2 - t1 if cold_forwards(self.target) == cold else None)
+        warm = counter is None or counter() == cold
+        self._learn(plan, drafts, verified, t1 - t0, t2 - t1 if warm else None)
         events = self._emit_all(plan, drafts, verified)
         self._count(drafts.widths, plan.forced, verified.accepted)
         self._drop_finished()
@@ -225,46 +239,45 @@ class DecodingSession(Admission):
         rows, grammars = self.active, self.batch.grammars
         forced = grammars.forced([min(MAX_FORCED, r.remaining - 1) for r in rows]) if grammars.any \
             else [[]] * len(rows)
-        if self.drafter is not None:  # a grammar's masks follow chains: constrained batches draft chains
-            self.drafter.use_trees(self.trees and not grammars.any)
-        k_rows, trial = self._choose_k(forced)
+        k_rows, trial, outlook = self._choose_k(forced)
         widths = [len(f) or k for f, k in zip(forced, k_rows)]
         u_draft, u_verify = self.batch.generators.step_uniforms(widths, self.sampling.greedy_rows)
         noise = self.batch.generators.noise(max(widths) + 1, self.target.vocab_size) \
             if self.sampling.any_coupled else None
-        return StepPlan(forced, k_rows, widths, trial, u_draft, u_verify, noise)
+        return StepPlan(forced, k_rows, widths, trial, outlook, u_draft, u_verify, noise)
 
-    def _choose_k(self, forced: list[list[int]]) -> tuple[list[int], bool]:
-        """Drafts per row before any is drawn (what keeps the choice lossless): the policy's K, capped; rows whose
-        grammar forces tokens verify those instead (certain drafts, free). Also whether K is the policy's trial."""
+    def _choose_k(self, forced: list[list[int]]) -> tuple[list[int], bool, DraftOutlook | None]:
+        """Drafts per row before any is drawn (what keeps the choice lossless): the policy's K, capped by what the
+        drafter's outlook offers; rows whose grammar forces tokens verify those instead (certain drafts, free). Also
+        whether K is the policy's trial, and the outlook (None: the drafter was not asked)."""
         rows = self.active
         caps = [0 if f else r.remaining - 1 for r, f in zip(rows, forced)]
-        if self.single_token_from is not None:
-            caps = [min(c, max(0, self.single_token_from - 1 - n)) for c, n in zip(caps, self.target.lengths)]
+        single = self.capabilities.single_token_from  # past it each draft would cost a forward of its own
+        if single is not None:
+            caps = [min(c, max(0, single - 1 - n)) for c, n in zip(caps, self.target.lengths)]
         widest = max([self.policy.max_k] + [r.fixed_k or 0 for r in rows])
         if self.drafter is None or widest == 0 or max(caps) <= 0:
-            return [0] * len(rows), False
+            return [0] * len(rows), False, None
         if self.policy.settled and not any(r.fixed_k for r in rows):
-            return [0] * len(rows), False  # no draft can pay here (policy.py, Settling): the drafter is not asked
+            return [0] * len(rows), False, None  # no draft can pay here (policy.py, Settling): the drafter is not asked
         # each row drafts at its own K (and what it has left), never at the batch's widest: its drafts, and so its
-        # seeded text, must not depend on the other rows
-        self.drafter.own_k([min(c, self.policy.max_k if r.fixed_k is None else r.fixed_k) for r, c in zip(rows, caps)])
-        caps = [min(c, d) for c, d in zip(caps, self.drafter.max_drafts(widest))]
-        free = self.drafter.drafts_free()  # drafts that run no model are priced free
-        classes = self.drafter.draft_classes()  # None for a drafter without classes
-        behind = self.drafter.behind() if self.policy.adaptive else None  # only the adaptive policy prices it
-        window = self.drafter.catch_up_window
-        probe_behind = None if behind is None else [n if window is None else min(n, window) for n in behind]
+        # seeded text, must not depend on the other rows; a grammar's masks follow chains: constrained batches
+        # draft chains
+        ks = [min(c, self.policy.max_k if r.fixed_k is None else r.fixed_k) for r, c in zip(rows, caps)]
+        trees = self.trees and not self.batch.grammars.any
+        outlook = self.drafter.outlook(DraftRows(self.batch.texts, ks, widest, trees, self.capabilities.tree_leaves))
+        caps = [min(c, d) for c, d in zip(caps, outlook.drafts)]
+        behind = outlook.behind if self.policy.adaptive else None  # only the adaptive policy prices a catch-up
         choice = self.policy.decide(Outlook([r.policy_state for r in rows], [min(c, self.policy.max_k) for c in caps],
-                                            free, classes, behind, probe_behind, [r.remaining for r in rows]))
+                                            outlook.free, outlook.classes, behind,
+                                            None if behind is None else outlook.probe_behind,
+                                            [r.remaining for r in rows]))
         k_rows = [min(choice.k if r.fixed_k is None else r.fixed_k, c) for r, c in zip(rows, caps)]
-        return k_rows, choice.trial
+        return k_rows, choice.trial, outlook
 
     def _propose(self, plan: StepPlan) -> Drafts:
         """The drafter's proposal for rows that draft this step, with each forced row's run in its place, and the
         grammar masks along it (free batches skip them: drafts.tolist() would be a host sync before the forward)."""
-        if plan.trial:
-            self.drafter.limit_catch_up()  # a probe: its draft need not read every token it missed
         proposal = self._ask_drafter(plan)
         tokens, q = with_forced(proposal, plan.forced, self.sampling)
         masks, widths = None, plan.widths
@@ -274,26 +287,26 @@ class DecodingSession(Admission):
             if width < tokens.shape[1]:  # the grammar cut every row short: no forward over drafts none can keep
                 tokens, masks = tokens[:, :width], masks[:, :width + 1]
                 q = None if q is None else q[:, :width]
-        return Drafts(tokens, q, proposal.parents, masks, widths, proposal)
+        return Drafts(tokens, q, proposal.parents, masks, widths, proposal, max(plan.k_rows) > 0)
 
     def _ask_drafter(self, plan: StepPlan) -> Proposal:
+        """The drafter's Proposal for the plan's choice (an empty one where no row drafts: it is not asked)."""
         k = max(plan.k_rows)
         if k == 0:  # forced rows are asked for nothing they keep
             return Proposal(_no_drafts(len(plan.k_rows), self.device))
-        calls = self.drafter.forward_calls
-        grammars = self.batch.grammars
-        penalties = self.batch.penalties
-        context = DraftContext(self.sampling, plan.noise, grammars if grammars.any else None,
+        batch = self.batch
+        grammars, penalties = batch.grammars, batch.penalties
+        context = DraftContext(batch.texts, self.sampling, plan.u_draft, plan.noise, grammars if grammars.any else None,
                                penalties if penalties.active else None)
-        proposal = self.drafter.propose(k, context, plan.u_draft, plan.k_rows)
-        self.stats.draft_forward_calls += self.drafter.forward_calls - calls
+        proposal = self.drafter.propose(DraftChoice(plan.outlook, plan.k_rows, k, plan.trial), context)
+        self.stats.draft_forward_calls += proposal.forward_calls
         proposal.tokens = proposal.tokens.to(self.device)
         return proposal
 
     def _verify(self, plan: StepPlan, drafts: Drafts) -> Verified:
         """One target forward over each row's last token and its drafts, and the exact rule per row: the one place
         where a chain and a token tree differ (a tree's outcome is read back as a chain's, Verified.of_tree)."""
-        argmax = argmax_forward(self.target) if drafts.parents is None and self._argmax_only(drafts) else None
+        argmax = self.capabilities.forward_argmax if drafts.parents is None and self._argmax_only(drafts) else None
         if argmax is not None:  # greedy rows that need no distribution: token ids in, argmaxes out, no tensor built
             lengths = self.target.lengths
             tokens = drafts.tokens.tolist() if drafts.tokens.shape[1] else [[] for _ in self.active]
@@ -330,7 +343,7 @@ class DecodingSession(Admission):
             not self.batch.penalties.active and \
             all(r.request.logprobs is None for r in self.active)
 
-    def _commit(self, plan: StepPlan, verified: Verified) -> None:
+    def _commit(self, plan: StepPlan, drafts: Drafts, verified: Verified) -> None:
         """The target's cache, the random streams, the grammars and the drafter keep what was verified."""
         accepted = verified.accepted
         if verified.paths is None:
@@ -343,7 +356,9 @@ class DecodingSession(Admission):
         self.batch.penalties.advance(emitted)  # the kept tokens only: a rejected draft never counts
         if self.drafter is not None:
             kept = [0 if f else a for f, a in zip(plan.forced, accepted)]
-            self.drafter.update(emitted, kept, verified.hidden if self.hidden_wanted else None)
+            asked = drafts.proposal if drafts.asked else None
+            self.drafter.observe(DraftOutcome(self.batch.texts, emitted, kept, asked,
+                                              verified.hidden if self.hidden_wanted else None))
 
     def _learn(self, plan: StepPlan, drafts: Drafts, verified: Verified, draft_s: float,
                verify_s: float | None) -> None:
@@ -417,50 +432,47 @@ class DecodingSession(Admission):
         return events
 
     def _drop_finished(self) -> None:
-        """Finished rows leave the batch: its host state, the drafter's rows and the target's (or the prefix cache)."""
+        """Finished rows leave the batch: one RowChange for every holder (the target's cache or the prefix cache,
+        the drafter, the row batch)."""
         for row in self.active:
             if row.finish_reason is None and row.index in self.cancelled:
                 row.finish_reason = "cancelled"
         keep = [i for i, r in enumerate(self.active) if r.finish_reason is None]
         if len(keep) < len(self.active):
-            self._park_or_drop(keep)
-            if self.drafter is not None:
-                self.drafter.select_rows(keep)
-            self.batch = self.batch.select(keep)
+            self.layout.apply(RowChange(tuple(keep)))
 
-    def _park_or_drop(self, keep: list[int]) -> None:
-        """Finished rows leave the target's batch; with a prefix cache their KV stays, as a cache entry."""
-        if self.prefix_cache is None:
-            self.target.select_rows(keep)
-            return
-        kept = set(keep)
-        gone = [i for i in range(len(self.active)) if i not in kept]
-        rows = [self.active[i] for i in gone]
-        self.prefix_cache.park(self.target, gone, [r.request.prompt + r.tokens for r in rows],
-                               [len(r.request.prompt) for r in rows])
+    # ------------------------------------------------------------------ rows in
+    def _join(self) -> list[TokenEvent]:
+        """Admission prefills a chunk of the queued prompts; rows whose prompt is done emit their first token and
+        join the batch in one RowChange (those that finished at it, or were cancelled, pass through: they join
+        and leave in the same change, so the prefix cache and the drafter see them too)."""
+        room = None if self.max_batch is None else self.max_batch - len(self.active)
+        joined = self.admission.step(self.active, room, self.cancelled)
+        if joined is None:
+            return []
+        rows = joined.rows
+        events = [e for b, row in enumerate(rows) for e in self._emit(row, joined.first, b, 0, 0)]
+        for row in rows:
+            if row.finish_reason is None and row.index in self.cancelled:
+                row.finish_reason = "cancelled"
+        before = len(self.active)
+        keep = tuple(range(before)) + tuple(before + j for j, r in enumerate(rows) if r.finish_reason is None)
+        self.layout.apply(RowChange(keep, tuple(r.text for r in rows), joined.hidden), joined.fork, joined.batch)
+        return events
+
+    def idle_prefill(self) -> int:
+        """Work for an idle server (an agent runs its tools between turns): one chunk of a parked answer's prefill,
+        after which the next turn takes the answer from the cache, exactly (PrefixCache.prefill_answer). The tokens
+        prefilled; 0 when there are none to do, or while rows run or wait."""
+        if self.prefix_cache is None or not self.idle:
+            return 0
+        return self.prefix_cache.prefill_answer(self.target, self.prefill_tokens_per_step)
 
     def result(self, indices: list[int] | None = None) -> GenerationResult:
         """The GenerationResult of these rows (all by default), with the session's statistics."""
-        rows = [self.rows[i] for i in (indices if indices is not None else sorted(self.rows))]
-        for row in rows:
-            row.stats.new_tokens = len(row.tokens)
         self.stats.policy_summary = self.policy.summary()
-        texts = None
-        if self.gen.tokenizer is not None:
-            texts = []
-            for row in rows:
-                if row.stop_at is None:
-                    row.detok.flush()
-                texts.append(row.detok.text[: row.stop_at] if row.stop_at is not None else row.detok.text)
-        asked = [r.request.logprobs is not None for r in rows]
-        return GenerationResult(token_ids=[r.tokens for r in rows], texts=texts, stats=self.stats,
-                                finish_reasons=[r.finish_reason for r in rows],
-                                provenance=[r.provenance for r in rows],
-                                prompt_token_ids=[r.request.prompt for r in rows], row_stats=[r.stats for r in rows],
-                                logprobs=[r.logprobs if a else None for r, a in zip(rows, asked)] if any(asked)
-                                else None,
-                                top_logprobs=[r.top_logprobs if a else None for r, a in zip(rows, asked)]
-                                if any(asked) else None)
+        rows = [self.rows[i] for i in (indices if indices is not None else sorted(self.rows))]
+        return result_of(rows, self.stats, self.gen.tokenizer is not None)
 
 
 def _last_kind(k: int, accepted: int) -> str:

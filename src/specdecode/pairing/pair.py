@@ -22,6 +22,7 @@ from ..policy.speculation import AUTO, Speculation
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+CROSS_TOKENIZER_DRAFT = "smollm2-135m-instruct"  # --draft auto's candidate for a built-in target of another family
 PROMPT_LOOKUP = "prompt-lookup"  # the draft that copies n-grams of the context: no second model
 SUFFIX = "suffix"  # the draft that copies from a suffix index of the context and of earlier requests: no model
 LOOKUP_DRAFTS = {  # the drafts that copy tokens instead of running a model, as a loading message names them
@@ -30,6 +31,7 @@ LOOKUP_DRAFTS = {  # the drafts that copy tokens instead of running a model, as 
 }
 SUFFIX_WITH = SUFFIX + "+"  # "suffix+MODEL": the suffix's copy where its index is confident, MODEL's drafts elsewhere
 DEFAULT_SUFFIX_HISTORY_TOKENS = 1_000_000
+SPARE_CORES = 4  # cores from which --draft auto's model is prepared beside the target's first load (_unprepared_draft)
 NO_DRAFT = "none"
 AUTO_DRAFT = "auto"  # the default: the free drafts where the draft model cannot pay here, suffix+MODEL where it can
 QUANTIZATIONS = ("int8", "int4", "none", "auto")  # "auto" (the draft's default): int8 on the CPU, none elsewhere
@@ -54,6 +56,7 @@ class ModelOptions:
     trust_remote_code: bool = False
     suffix_history_tokens: int = DEFAULT_SUFFIX_HISTORY_TOKENS  # the suffix draft's history of earlier requests
     tree_width: int = 1  # --draft suffix: children per node of its token trees (1: chains)
+    compile: bool = False  # the static backend's small steps through torch.compile, each shape warmed up at load
     draft_choice: ClassVar[DraftChoice | None] = None  # what AUTO_DRAFT resolved to (resolve_auto_draft sets it)
 
     @property
@@ -128,6 +131,9 @@ def check_options(opts: ModelOptions) -> None:
     if opts.method not in METHODS:
         raise OptionError("method", f"method must be one of {', '.join(METHODS)}, got {opts.method!r}")
     check_backend(opts.backend)
+    if opts.compile and opts.backend not in ("auto", "static"):
+        raise OptionError("compile", f"compile runs the static backend's steps through torch.compile: it needs "
+                                     f"backend static (or auto, which it then means), not {opts.backend!r}")
     for option in ("quantize", "draft_quantize"):
         _quantization(opts, option)
     if opts.suffix_history_tokens < 0:
@@ -172,8 +178,18 @@ def _quantization(opts: ModelOptions, option: str) -> str | None:
 
 
 def _shared(opts: ModelOptions, rows: int) -> dict:
-    return dict(dtype=opts.dtype, trust_remote_code=opts.trust_remote_code, backend=opts.backend,
-                threads=opts.threads, exact_greedy=opts.exact_greedy, max_rows=rows, huge_pages=opts.huge_pages)
+    shared = dict(dtype=opts.dtype, trust_remote_code=opts.trust_remote_code, backend=opts.backend,
+                  threads=opts.threads, exact_greedy=opts.exact_greedy, max_rows=rows, huge_pages=opts.huge_pages)
+    if opts.compile:
+        shared.update(backend="static", backend_options=compile_options(rows))
+    return shared
+
+
+def compile_options(rows: int) -> dict:
+    """StaticBackend's keywords for --compile: torch.compile in the device's default mode, and every step shape at
+    batch 1 and `rows` compiled and run once at load (backends/warmup.py), so no request waits for a compile; the
+    warm-up is bounded (60 s a model) and its report kept on the backend (warm_up_report), for the caller to show."""
+    return {"compile": True, "warm_up": {"batches": sorted({1, max(1, rows)}), "log": None}}
 
 
 def load_target(opts: ModelOptions, rows: int = 1, progress=None):
@@ -249,14 +265,27 @@ def display_name(name: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- --draft auto
 def auto_draft_model(opts: ModelOptions) -> str | None:
-    """The draft model --draft auto considers: the default pair's draft for the default target, where it is
-    installed; None for any other target (no draft model is known to share its vocabulary)."""
+    """The draft model --draft auto considers, where it is installed: the default pair's draft for the default
+    target; for another built-in target, CROSS_TOKENIZER_DRAFT (its text is turned into the target's tokens:
+    drafters/cross_vocab.py); None for any other target (a local model's size is not known to the catalog)."""
     from ..models import catalog
 
-    if not catalog.is_registered(opts.target) or catalog.lookup(opts.target).name != DEFAULT_TARGET:
+    if not catalog.is_registered(opts.target):
         return None
-    info = catalog.get_model_info(DEFAULT_DRAFT)
-    return DEFAULT_DRAFT if info.installed or info.cached else None
+    target = catalog.lookup(opts.target).name
+    model = DEFAULT_DRAFT if target == DEFAULT_TARGET else CROSS_TOKENIZER_DRAFT
+    info = catalog.get_model_info(model)
+    return model if model != target and (info.installed or info.cached) else None
+
+
+def auto_acceptance(opts: ModelOptions, model: str | None) -> float:
+    """What --draft auto's draft model must pay at: a good pair's acceptance, or a draft of another tokenizer's."""
+    from ..models import catalog
+    from .draft_choice import CROSS_TOKENIZER_ACCEPTANCE, TYPICAL_ACCEPTANCE
+
+    same = model is None or catalog.is_registered(opts.target) and catalog.is_registered(model) and \
+        catalog.lookup(opts.target).tokenizer_family == catalog.lookup(model).tokenizer_family
+    return TYPICAL_ACCEPTANCE if same else CROSS_TOKENIZER_ACCEPTANCE
 
 
 def auto_cost_key(opts: ModelOptions, model: str) -> str:
@@ -270,9 +299,10 @@ def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None,
     model if one was loaded for the choice, else None). Sets opts.draft to the choice and opts.draft_choice.
 
     On a CPU the choice rests on the draft model's costs on this machine (draft_choice.py): recorded ones, or,
-    the first time, measured (the model is loaded for that, and released when it cannot pay). On a GPU the model is
-    chosen without measuring. measuring: a context manager factory the CLI shows a status with."""
-    from .draft_choice import choose_draft, costs_from_measurement, load_costs, save_costs
+    the first time, measured (measure_auto_costs); a measurement taken on a busy machine decides that run only
+    and is not recorded. On a GPU the model is chosen without measuring. measuring: a context manager factory
+    the CLI shows a status with."""
+    from .draft_choice import choose_draft, load_costs, save_costs
 
     if not opts.draft_is_auto:
         return None, None
@@ -284,12 +314,10 @@ def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None,
         costs = load_costs(key)
         if costs is None:
             with (measuring or contextlib.nullcontext)():
-                model = load_draft_model(replace(opts, draft=model_name), rows, progress)
-                measured = measure_pair_costs(target, model)
-                costs = costs_from_measurement(measured)
-            if measured["stable"]:
-                save_costs(key, costs)  # a noisy measurement decides this run only; the next one measures again
-    choice: DraftChoice = choose_draft(model_name, costs, on_gpu)
+                costs, model = measure_auto_costs(opts, target, model_name, rows, progress)
+            if costs.sure:
+                save_costs(key, costs)
+    choice: DraftChoice = choose_draft(model_name, costs, on_gpu, acceptance=auto_acceptance(opts, model_name))
     opts.draft, opts.draft_choice = choice.draft, choice
     if not choice.uses_model:
         model = None  # released: a draft that is not used takes no memory
@@ -298,63 +326,47 @@ def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None,
     return choice, model
 
 
-def measure_pair_costs(target, draft_model, rounds: int = 5) -> dict:
-    """c and v(n) of this pair here, in measure_costs' form: forwards on a warm 64-token context. Each round times
-    every shape once, back to back, and the ratios are the medians of the rounds' own ratios: another process's load
-    shifts a round's times together, so a ratio within one round holds up where separate minima (one taken while
-    the machine was busy, another while it was quiet) do not. "stable": whether the rounds agreed (c within 25 %
-    of its median in every round); an unstable measurement decides this run only and is not recorded."""
-    import statistics
-    import time
+def measure_auto_costs(opts: ModelOptions, target, model_name: str, rows: int = 1, progress=None):
+    """(DraftCosts, the draft model where it was loaded to time it, else None). The target's own forwards come
+    first, with the least a draft step can cost (draft_timing.draft_step_floor): where even that leaves the model no
+    chance to pay, or the machine is too busy to tell, the draft model is never loaded. Otherwise it is loaded and
+    timed against the target."""
+    from .draft_choice import costs_from_measurement
+    from .draft_timing import draft_step_floor
 
-    import torch
+    acceptance = auto_acceptance(opts, model_name)
+    floor = draft_step_floor(target, opts.target, model_name)
+    if floor is not None:
+        costs = costs_from_measurement(measure_target_costs(target, floor, acceptance=acceptance),
+                                       draft_step_floor=True)
+        if not costs.sure or not costs.model_can_pay(acceptance=acceptance):
+            return costs, None
+    model = load_draft_model(replace(opts, draft=model_name), rows, progress)
+    return costs_from_measurement(measure_pair_costs(target, model, acceptance=acceptance)), model
 
-    from ..backends.base import pad
-    from .draft_choice import MEASURED_KS
-    from ..engine.generators import SpeculativeGenerator
 
-    gen = SpeculativeGenerator(target, draft_model, num_speculative_tokens=1)
-    context = [(7 * i + 100) % min(gen.vocab_size, 5000) for i in range(64 + max(MEASURED_KS) + 1)]
-    backends = {"target": gen.target, "draft": gen.drafter.backend}
-    for backend in backends.values():
-        backend.reset(1)
-        backend.forward(pad([context[:64]], backend.device)[0], last_only=True)
+def measure_target_costs(target, floor: float, acceptance: float | None = None) -> dict:
+    """v(n) of the target here, with c = floor (draft_timing.measure_costs; acceptance: what the model must pay
+    at, for the rounds' own decisions)."""
+    from .draft_timing import measure_costs
 
-    def timed(backend, n: int) -> float:
-        ids = torch.tensor([context[64:64 + n]], dtype=torch.long, device=backend.device)
-        start = time.perf_counter()
-        backend.forward(ids)
-        elapsed = time.perf_counter() - start
-        backend.trim([64])
-        return elapsed
+    return measure_costs(target, None, floor, acceptance=acceptance)
 
-    shapes = [("target", 1), ("draft", 1)] + [("target", k + 1) for k in MEASURED_KS]
-    for name, n in shapes:  # warm-up: first calls of a shape allocate
-        timed(backends[name], n)
-    runs = []
-    for _ in range(rounds):
-        runs.append({(name, n): timed(backends[name], n) for name, n in shapes})
-    gen.target.reset(0)
-    steps = [r[("target", 1)] for r in runs]
-    cs = [r[("draft", 1)] / r[("target", 1)] for r in runs]
-    c = statistics.median(cs)
-    v, stable, floor = {}, all(abs(x - c) <= 0.25 * c for x in cs), 1.0
-    for k in MEASURED_KS:
-        ratios = [r[("target", k + 1)] / r[("target", 1)] for r in runs]
-        median = statistics.median(ratios)
-        stable = stable and all(abs(x - median) <= 0.25 * median for x in ratios)
-        # a forward of more tokens never costs less than one of fewer: a lower reading is noise, not a saving
-        floor = max(floor, median)
-        v[str(k)] = floor
-    return {"c": c, "v": v, "target_step_ms": 1000 * statistics.median(steps), "stable": stable}
+
+def measure_pair_costs(target, draft_model, rounds: int | None = None, acceptance: float | None = None) -> dict:
+    """c and v(n) of this pair here (draft_timing.measure_costs: the least time of each shape over interleaved
+    rounds, how many rounds agree, and other processes' share of the CPUs meanwhile)."""
+    from .draft_timing import ROUNDS, measure_costs
+
+    return measure_costs(target, draft_model, rounds=rounds or ROUNDS, acceptance=acceptance)
 
 
 @contextlib.contextmanager
 def draft_prepared_alongside(opts: ModelOptions):
     """Prepare a built-in draft that is not prepared yet in a second process while the body (the target's load)
-    runs. A first run joins and checks each model's GGUF and builds its tokenizer from it, about 15 s of
-    single-threaded Python per model on the default pair, so with two cores both are ready in the time of one.
-    Any failure there is left to load_draft, which prepares again (under the same lock) and says what is wrong."""
+    runs: a first run joins and checks each model's GGUF and builds its tokenizer from it, a few seconds per model
+    on the default pair. Any failure there is left to load_draft, which prepares again (under the same lock) and
+    says what is wrong."""
     location = _unprepared_draft(opts)
     if location is None:
         yield
@@ -369,18 +381,29 @@ def draft_prepared_alongside(opts: ModelOptions):
 
 def _unprepared_draft(opts: ModelOptions):
     """The draft's ModelLocation when it is a built-in model, other than the target, that is not prepared yet for
-    the CPU backend that will load it; None otherwise (nothing to do alongside)."""
+    the CPU backend that will load it; None otherwise (nothing to do alongside).
+
+    --draft auto's model is prepared alongside only where it may be timed: on llama.cpp with fewer than
+    SPARE_CORES cores it is not. A first load of the target keeps three threads busy there (llama.cpp's load, the
+    checksum, the tokenizer: models/prepare.py), and on such a CPU the least a draft step can cost usually shows,
+    from the target's forwards alone, that the model cannot pay (measure_auto_costs), so it is never needed."""
     from ..models import catalog
 
     cpu = opts.device_map is None and opts.device == "cpu"
     model = opts.draft_model or (_auto_model_to_measure(opts) if cpu else None)
     if not (cpu and model and catalog.is_registered(model)):
         return None
-    from .loading import locate_model
+    from .loading import GGUF_BACKENDS, locate_model
 
     location = locate_model(model, opts.backend)
+    if model != opts.draft_model and location.backend in GGUF_BACKENDS and _cores() < SPARE_CORES:
+        return None
     same = catalog.is_registered(opts.target) and catalog.lookup(opts.target).name == location.name
     return None if location.prepared or same else location
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _auto_model_to_measure(opts: ModelOptions) -> str | None:

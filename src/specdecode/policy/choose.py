@@ -17,7 +17,7 @@ counted. A position with little evidence leans on a coarser estimate (shrinkage)
 -> batch pooled over positions -> a prior of 0.7, so a new row, or a deep position, is not clueless.
 
 Draft classes. A copying drafter knows before each step how good its draft is likely to be: a suffix or prompt-lookup
-draft after a 16-token match is kept nearly always, one after a 1-token match rarely (Drafter.draft_classes, the
+draft after a 16-token match is kept nearly always, one after a 1-token match rarely (DraftOutlook.classes, the
 match length bucketed). Where a row's draft has a class, its acceptance is learned per class instead of per row
 (class at that position -> class pooled -> batch pooled), so the policy drafts where the match is long and decodes
 plainly where it is short, step by step, instead of following a row average that mixes both. A class is a function
@@ -83,7 +83,7 @@ class Outlook:
     rows: list  # [B] each row's state (Policy.new_row())
     caps: list[int]  # [B] drafts row b can use at most (0..max_k)
     free: bool = False  # the drafts will run no model forward (suffix+MODEL copying every row): priced at zero
-    classes: list[int | None] | None = None  # [B] the class of row b's draft (Drafter.draft_classes); None: none
+    classes: list[int | None] | None = None  # [B] the class of row b's draft (DraftOutlook.classes); None: none
     behind: list[int] | None = None  # [B] tokens the draft feeds for row b before drafting; None: never behind
     probe_behind: list[int] | None = None  # [B] what a probe would feed (behind, bounded by the drafter's window)
     remaining: list[int] | None = None  # [B] tokens row b still wants

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -70,6 +71,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
     served = ServedModel.of(generator, served_names(model_name, settings.served_model_names), tokenizer,
                             settings.draft_name)
     generator.set_prefix_cache(settings.prefix_cache_tokens)
+    generator.set_grammar_cache(settings.grammar_cache_entries)
     if getattr(generator, "prefix_cache", None) is not None:  # the target's: what an answer's KV is worth
         generator.prefix_cache.answers = settings.answer_kv
     metrics = ServerMetrics()
@@ -86,6 +88,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
     metrics.watch_memory(lambda: getattr(generator, "drafter", None))
     runner = JobRunner(batcher, metrics, settings)
     token_texts = TokenTexts(tokenizer)
+    metrics.watch_caches(generator.grammar_cache, token_texts, served.vocab_size)
 
     async def lifespan(_app):
         batcher.start()
@@ -100,25 +103,28 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
 
     async def generate(body, kind: str, request: Request) -> Response:
         """The one path of every generation request: translate, run (whole or streamed), answer."""
-        deadline = runner.deadline()
+        arrival = time.monotonic()
         if text_size(body) > LONG_TEXT_CHARS:
             generation = await asyncio.to_thread(translate, body, kind, served, settings)
         else:
             generation = translate(body, kind, served, settings)
         job = generation.job
         headers = _ignored_header(generation.ignored)
+        options = job.params
         log.debug("%s: %d prompt(s) of %s tokens, n %d, max_tokens %d, temperature %g, k %s%s%s%s", kind,
                   len(job.prompts), "/".join(str(len(p)) for p in job.prompts), job.n, job.max_tokens[0],
-                  job.temperature, "auto" if job.num_speculative_tokens is None else job.num_speculative_tokens,
-                  ", constrained" if job.constrained else "", "" if job.logprobs is None else
-                  f", logprobs {job.logprobs}", f"; ignored: {headers['X-Ignored-Fields']}" if headers else "")
+                  options.temperature, "auto" if options.num_speculative_tokens is None
+                  else options.num_speculative_tokens, ", constrained" if job.constrained else "",
+                  "" if options.logprobs is None else f", logprobs {options.logprobs}",
+                  f"; ignored: {headers['X-Ignored-Fields']}" if headers else "")
         responder = Responder(kind, generation.model, served.draft_name, generation.provenance, generation.logprobs,
                               token_texts, generation.tool_calls)
+        limits = runner.limits(arrival, generation.timeout)
         if generation.stream:
-            events = await runner.stream(job, request, deadline, responder, generation.include_usage)
+            events = await runner.stream(job, request, limits, responder, generation.include_usage)
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
-        done = await runner.result(job, request, deadline)
+        done = await runner.result(job, request, limits)
         return Response(responder.body(done).model_dump_json(), media_type="application/json", headers=headers)
 
     # ------------------------------------------------------------------ endpoints
@@ -213,6 +219,7 @@ def _document_limits(schemas: dict, settings: ServerSettings, served: ServedMode
     last_id = served.vocab_size - 1 if served.vocab_size else None
     tools = template_supports_tools(served.tokenizer)  # without a tool format: no tools, no tool messages
     longest = served.context_length - 1 if served.context_length else None  # a prompt leaves room for one token
+    tokens_cap = settings.tokens_cap(served.context_length)
 
     def token_ids(branch: dict) -> None:
         branch["minItems"] = 1
@@ -229,7 +236,8 @@ def _document_limits(schemas: dict, settings: ServerSettings, served: ServedMode
             for branch in prop.get("anyOf", [prop]):
                 kind, items = branch.get("type"), branch.get("items", {})
                 if name in ("max_tokens", "max_completion_tokens", "max_new_tokens") and kind == "integer":
-                    branch["maximum"] = settings.max_tokens_limit
+                    if tokens_cap is not None:
+                        branch["maximum"] = tokens_cap
                 elif name == "num_speculative_tokens" and kind == "integer":
                     branch["minimum"], branch["maximum"] = (0, settings.max_speculative_tokens) \
                         if served.has_draft else (0, 0)

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engine.params import GenerationParams, takes_params_keywords
 from ..engine.results import GenerationResult, Stats
 
 log = logging.getLogger("specdecode.server")
@@ -98,30 +99,21 @@ class Failed:
     error: BaseException
 
 
+@takes_params_keywords  # Job(prompts, max_tokens, temperature=0.8): a field of GenerationParams, as generate() takes it
 @dataclass(eq=False)  # a job is itself, whatever its fields say
 class Job:
     """One request's generation work: its prompts (token ids), n choices of each, its settings, and where its
     events go.
 
     Row r = i * n + j is prompt i's choice j (OpenAI's choice index). With a seed S, row r draws the stream (S, r)
-    (the engine's seed_index), as row r of the engine's generate(prompts, seed=S) does. The settings are checked by
-    the engine's `request()`, in `prepare`."""
+    (the engine's seed_index), as row r of the engine's generate(prompts, seed=S) does. The settings are checked
+    when made (GenerationParams), what needs the model by the engine's `request()`, in `prepare`."""
 
     prompts: list[list[int]]
-    max_tokens: list[int]
+    max_tokens: list[int]  # each prompt's max_new_tokens
     n: int = 1
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    num_speculative_tokens: int | None = None  # None: the session's policy; an int: this job's K (0 = plain)
-    ignore_eos: bool = False
-    json_schema: dict | None = None  # response_format: the answer follows this JSON Schema...
-    json_object: bool = False  # ...or is any JSON object
-    grammar: str | None = None  # ...or follows this Lark grammar (a request's tool calls)
-    logprobs: int | None = None  # None: off; N: each token's logprob and the N likeliest alternatives
-    options: dict = field(default_factory=dict)  # min_p, penalties, logit_bias: engine request() keywords
+    # the request's options; num_speculative_tokens: None, the session's policy, or this job's K (0 = plain)
+    params: GenerationParams = field(default_factory=GenerationParams)
     copy_texts: list[str] = field(default_factory=list)  # escaped texts the suffix history takes before it joins
     streaming: bool = False  # its tokens go to the client as they come (so a job that has sent some cannot rerun)
     resend: Any = None  # chat: an answer's text -> the ids of the conversation a next turn re-sends (server/resend.py)
@@ -129,6 +121,8 @@ class Job:
     loop: asyncio.AbstractEventLoop | None = None
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     created: float = field(default_factory=time.monotonic)
+    queued_at: float = 0.0  # time.monotonic() when it last entered the queue
+    started_at: float = 0.0  # time.monotonic() when it last left the queue for the engine (0: it waits there)
     cancelled: bool = False
     cancel_reason: str | None = None
     state: str = "new"  # new -> queued -> running -> finished
@@ -156,20 +150,15 @@ class Job:
 
     @property
     def constrained(self) -> bool:
-        return self.json_schema is not None or self.json_object or self.grammar is not None
+        return self.params.constraint is not None
 
     def prepare(self, generator) -> list:
         """The engine Requests of the job's rows, built (and so checked: a ValueError names the problem, a
         constraints.ConstraintError a bad schema) once; the app calls it before queueing the job."""
         if self.engine_requests is None:
-            constraint = generator.constraint(json_schema=self.json_schema, json_object=self.json_object,
-                                              grammar=self.grammar)
             self.engine_requests = [
-                generator.request(self.prompts[r // self.n], max_new_tokens=self.max_tokens[r // self.n],
-                                  temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed,
-                                  seed_index=r, ignore_eos=self.ignore_eos, stop=list(self.stop) or None,
-                                  num_speculative_tokens=self.num_speculative_tokens, constraint=constraint,
-                                  logprobs=self.logprobs, **self.options)
+                generator.request(self.prompts[r // self.n], params=self.params, seed_index=r,
+                                  max_new_tokens=self.max_tokens[r // self.n])
                 for r in range(self.num_rows)]
         return self.engine_requests
 
@@ -204,6 +193,9 @@ class Batcher:
         self._abort = False
         self._thread: threading.Thread | None = None
         self._idle_work = False  # the session may have idle work (Batcher._idle_step)
+        # time.monotonic() when the last engine step ended: progress for every job in the session (a token for each
+        # running row, or a chunk of the prefill joining rows wait on); the time bounds are jobs.py's
+        self.stepped_at = 0.0
 
     # ------------------------------------------------------------------ event-loop side
     @property
@@ -251,6 +243,7 @@ class Batcher:
             if len(self._pending) >= self.max_queue:
                 raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)")
             job.state = "queued"
+            job.queued_at = time.monotonic()
             self._pending.append(job)
             self._cond.notify()
 
@@ -315,6 +308,7 @@ class Batcher:
                 admitted = self.session.admit()
                 self._route(admitted, step=False)
                 self._route(self.session.decode(), first_tokens=len(admitted))
+                self.stepped_at = time.monotonic()
             except Exception as exc:  # never let the worker die: rerun or fail the step's jobs in a fresh session
                 log.exception("engine step failed (rows of %d requests)", len(self._running))
                 self._recover(exc)
@@ -343,17 +337,15 @@ class Batcher:
         if self._pending and self._pending[0].solo:
             if self._running:
                 return []
-            job = self._pending.popleft()
-            job.state = "running"
-            self._running.append(job)
-            return [job]
-        room = self.max_batch_size - sum(j.open_rows for j in self._running)
-        taken = []
-        while self._pending and self._pending[0].num_rows <= room and not self._pending[0].solo:
-            job = self._pending.popleft()
-            room -= job.num_rows
-            job.state = "running"
-            taken.append(job)
+            taken = [self._pending.popleft()]
+        else:
+            room = self.max_batch_size - sum(j.open_rows for j in self._running)
+            taken = []
+            while self._pending and self._pending[0].num_rows <= room and not self._pending[0].solo:
+                taken.append(self._pending.popleft())
+                room -= taken[-1].num_rows
+        for job in taken:
+            job.state, job.started_at = "running", time.monotonic()
         self._running += taken
         return taken
 
@@ -472,7 +464,7 @@ class Batcher:
         with self._cond:
             for job in again:
                 self._running.remove(job)
-                job.state = "queued"
+                job.state, job.queued_at, job.started_at = "queued", time.monotonic(), 0.0
             self._pending.extendleft(reversed(again))
         if self.metrics is not None and again:
             self.metrics.step_retries.inc(len(again))
@@ -482,7 +474,7 @@ def _job_stats(job: Job, result: GenerationResult, session: Stats, now: float) -
     """A job's own Stats: its rows' counters (the engine's RowStats) summed, with the session's calls and time since
     the job joined; its prompts count once however many choices they have (as in usage)."""
     rows = result.row_stats
-    k = job.num_speculative_tokens
+    k = job.params.num_speculative_tokens
     return Stats(num_rows=len(rows), prompt_tokens=sum(len(p) for p in job.prompts),
                  new_tokens=sum(len(t) for t in result.token_ids),
                  num_speculative_tokens=k if k is not None else session.num_speculative_tokens, policy=session.policy,

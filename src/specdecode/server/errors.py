@@ -2,7 +2,9 @@
 
 400 for any bad input (malformed JSON, wrong types, missing or out-of-range fields, unsupported parameters), 401
 for a missing or wrong API key, 404 for an unknown model or route, 405 for a wrong method, 429 (with Retry-After)
-when the queue is full, 503 while shutting down, 504 when a request ran past --request-timeout (it is cancelled).
+when the queue is full, 503 while shutting down or for a request that waited past --queue-timeout (with
+Retry-After), 504 for one that made no progress for --stall-timeout or ran past its total deadline (--request-timeout
+or its `timeout` field); those are cancelled, and the message names the bound.
 """
 
 from __future__ import annotations
@@ -52,8 +54,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorResponse, "description": "Missing or wrong API key."},
     404: {"model": ErrorResponse, "description": "Unknown model."},
     429: {"model": ErrorResponse, "description": "Queue full; retry after the Retry-After header's seconds."},
-    503: {"model": ErrorResponse, "description": "Shutting down."},
-    504: {"model": ErrorResponse, "description": "The request ran past the server's timeout and was cancelled."},
+    503: {"model": ErrorResponse, "description": "Shutting down, or the request waited in the queue past "
+                                                  "--queue-timeout (retry after the Retry-After header's seconds)."},
+    504: {"model": ErrorResponse, "description": "The request made no progress for --stall-timeout, or ran past its "
+                                                  "total deadline (--request-timeout or its timeout field), and was "
+                                                  "cancelled."},
 }
 
 

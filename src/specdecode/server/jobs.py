@@ -1,10 +1,18 @@
 """Running a job for a request: build its engine requests (a bad setting or schema is a 400 before any work),
 submit it to the batcher, wait for its result or stream its tokens as SSE, and cancel it when its client goes away
-or its time is up."""
+or a time bound is past.
+
+The time bounds (`Limits`), each with its own flag and error: the wait in the queue for room in the batch
+(--queue-timeout: 503 with Retry-After), the time in the engine without progress (--stall-timeout: 504), and a
+total deadline only where one is asked for (--request-timeout, or the request's own `timeout` field: 504). A
+request that keeps producing tokens is never cut by the defaults. Once a stream has started, an error is its last
+event."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 from fastapi import Request
@@ -18,20 +26,37 @@ from .settings import ServerSettings
 DISCONNECT_POLL_S = 0.2  # how often a waiting request checks whether its client is still there
 
 
+@dataclass(frozen=True)
+class Limits:
+    """A request's time bounds in seconds (0: none), fixed when it arrives."""
+
+    arrival: float  # time.monotonic()
+    queue: float  # --queue-timeout: from entering the queue to leaving it for the engine
+    stall: float  # --stall-timeout: in the engine, between two steps of progress
+    total: float  # from arrival to the end of the response: the earlier of --request-timeout and `timeout`
+    total_by: str = "--request-timeout"  # what set `total`, for its error message
+
+
 class JobRunner:
     def __init__(self, batcher: Batcher, metrics: ServerMetrics, settings: ServerSettings):
         self.batcher, self.metrics, self.settings = batcher, metrics, settings
 
-    def deadline(self) -> float:
-        return asyncio.get_running_loop().time() + self.settings.request_timeout
+    def limits(self, arrival: float, timeout: float | None = None) -> Limits:
+        """The bounds of a request that arrived at `arrival` (time.monotonic()) asking for a total deadline of
+        `timeout` seconds (its body's field; None: none of its own)."""
+        settings = self.settings
+        total, by = settings.request_timeout, "--request-timeout"
+        if timeout is not None and (not total or timeout < total):
+            total, by = timeout, "the request's timeout field"
+        return Limits(arrival, settings.queue_timeout, settings.stall_timeout, total, by)
 
-    async def result(self, job: Job, request: Request, deadline: float) -> Done:
+    async def result(self, job: Job, request: Request, limits: Limits) -> Done:
         """Submit and wait for the whole result (non-streaming requests)."""
         await self._prepare(job)
         self._submit(job)
         try:
             while True:
-                item = await self._next(job, deadline, request)
+                item = await self._next(job, limits, request)
                 if isinstance(item, Done):
                     return item
                 elif isinstance(item, Failed):
@@ -40,7 +65,7 @@ class JobRunner:
             self.batcher.cancel(job, "disconnect")
             raise
 
-    async def stream(self, job: Job, request: Request, deadline: float, responder: Responder,
+    async def stream(self, job: Job, request: Request, limits: Limits, responder: Responder,
                      include_usage: bool) -> AsyncIterator[bytes]:
         """Submit and wait until the job joins the engine's batch (errors until then are raised, to be answered with their
         status code); then the SSE events of its tokens, as an async iterator."""
@@ -49,16 +74,16 @@ class JobRunner:
         self._submit(job)
         try:
             while True:
-                item = await self._next(job, deadline, request)
+                item = await self._next(job, limits, request)
                 if isinstance(item, Started):
-                    return self._events(job, deadline, responder, include_usage)
+                    return self._events(job, limits, responder, include_usage)
                 if isinstance(item, Failed):
                     raise self._failure(item)
         except asyncio.CancelledError:
             self.batcher.cancel(job, "disconnect")
             raise
 
-    async def _events(self, job: Job, deadline: float, responder: Responder,
+    async def _events(self, job: Job, limits: Limits, responder: Responder,
                       include_usage: bool) -> AsyncIterator[bytes]:
         open_rows = set(range(job.num_rows))
         ended = False  # True once the job is over: nothing left to cancel
@@ -69,8 +94,8 @@ class JobRunner:
                     yield sse(opening)
             while open_rows or include_usage:
                 try:
-                    item = await self._next(job, deadline, None)
-                except APIError as exc:  # the timeout: _next has cancelled the job
+                    item = await self._next(job, limits, None)
+                except APIError as exc:  # a time bound: _next has cancelled the job
                     ended = True
                     yield sse(exc.body())
                     return
@@ -115,7 +140,7 @@ class JobRunner:
         try:
             await asyncio.to_thread(job.prepare, generator)
         except ConstraintError as exc:
-            param = "tools" if job.grammar is not None else "response_format"
+            param = "tools" if job.params.grammar is not None else "response_format"
             raise bad_request(f"{param}: {exc}", param) from None
         except ValueError as exc:
             raise bad_request(str(exc)) from None
@@ -134,23 +159,48 @@ class JobRunner:
         except ValueError as exc:
             raise bad_request(str(exc), "prompt") from None
 
-    async def _next(self, job: Job, deadline: float, request: Request | None):
-        """The job's next item; with a request, notices a client that went away while waiting."""
-        loop = asyncio.get_running_loop()
+    async def _next(self, job: Job, limits: Limits, request: Request | None):
+        """The job's next item; with a request, notices a client that went away while waiting. An item already
+        there is taken whatever the time: an answer that is ready is never cancelled."""
         while True:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                self.batcher.cancel(job, "timeout")
-                raise APIError(504, f"the request took longer than the server's timeout of "
-                                    f"{self.settings.request_timeout:g} s (--request-timeout) and was cancelled",
-                               "timeout_error", None, "request_timeout")
-            wait = min(remaining, DISCONNECT_POLL_S) if request is not None else remaining
+            if not job.queue.empty():
+                return job.queue.get_nowait()
+            wait = self._time_left(job, limits)
+            if request is not None:
+                wait = DISCONNECT_POLL_S if wait is None else min(wait, DISCONNECT_POLL_S)
             try:
                 return await asyncio.wait_for(job.queue.get(), wait)
             except asyncio.TimeoutError:
                 if request is not None and await request.is_disconnected():
                     self.batcher.cancel(job, "disconnect")
                     raise ClientGone() from None
+
+    def _time_left(self, job: Job, limits: Limits) -> float | None:
+        """Seconds until the job's next bound (None: it has none); past one, the job is cancelled and the error that
+        names its flag raised."""
+        now, left = time.monotonic(), []
+        if limits.total:
+            left.append(limits.arrival + limits.total - now)
+            if left[-1] <= 0:
+                self.batcher.cancel(job, "timeout")
+                raise APIError(504, f"the request ran past its deadline of {limits.total:g} s ({limits.total_by}) "
+                                    f"and was cancelled", "timeout_error", None, "request_timeout")
+        started = job.started_at  # written by the engine's thread: read once
+        if not started and limits.queue:
+            left.append(job.queued_at + limits.queue - now)
+            if left[-1] <= 0:
+                self.batcher.cancel(job, "queue_timeout")
+                raise APIError(503, f"the request waited {limits.queue:g} s for room in the batch (--queue-timeout) "
+                                    f"and was not started: the server is busy, retry later", "server_error", None,
+                               "queue_timeout", {"Retry-After": str(self.settings.retry_after_s)})
+        if started and limits.stall:
+            left.append(max(started, self.batcher.stepped_at) + limits.stall - now)
+            if left[-1] <= 0:
+                self.batcher.cancel(job, "stall")
+                raise APIError(504, f"the request made no progress for {limits.stall:g} s (--stall-timeout: no "
+                                    f"new token, no engine step) and was cancelled", "timeout_error", None,
+                               "stall_timeout")
+        return min(left) if left else None
 
     @staticmethod
     def _failure(item: Failed) -> APIError:

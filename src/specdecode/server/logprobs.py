@@ -72,6 +72,9 @@ class TokenTexts:
         self.added = {i: t.content for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()}
         self._cache: dict[int, tuple[str, bytes]] = {}
 
+    def __len__(self) -> int:
+        return len(self._cache)  # token ids named so far: at most the vocabulary
+
     def __call__(self, token_id: int) -> tuple[str, bytes]:
         """(text, bytes) of one token id."""
         cached = self._cache.get(token_id)

@@ -121,6 +121,8 @@ class ServerMetrics:
                           ("idle_prefilled_tokens", "Answers' tokens prefilled again while the server was idle, "
                                                     "so that later prompts take them from the cache exactly.")):
             Gauge(f"specdecode_prefix_cache_{name}", doc, registry=self.registry).set_function(figure(name))
+        Gauge("specdecode_prefix_cache_entries", "Prefixes the prefix cache holds (finished rows' KV).",
+              registry=self.registry).set_function(lambda: len(cache_of().entries) if cache_of() is not None else 0)
         Gauge("specdecode_prefix_cache_tokens", "Tokens of KV the prefix cache holds.",
               registry=self.registry).set_function(lambda: cache_of().tokens if cache_of() is not None else 0)
         Gauge("specdecode_prefix_cache_max_tokens", "The prefix cache's bound on the tokens it holds (0: off).",
@@ -153,6 +155,23 @@ class ServerMetrics:
                                      ("max_tokens", "max_tokens", "The suffix draft history's bound on tokens."),
                                      ("bytes", "nbytes", "Memory of the suffix draft's history index.")):
             Gauge(f"specdecode_suffix_history_{name}", doc, registry=self.registry).set_function(history(attribute))
+
+    def watch_caches(self, grammar_cache_of, token_texts, vocab_size: int | None) -> None:
+        """Export what the other bounded caches hold, read at each scrape: a soak tells a cache filling up to its
+        bound from a leak only when it knows each one's size (grammar_cache_of() returns the compiled grammars'
+        cache_info(), or None before a request needed one; token_texts names the tokens of logprobs, one entry per
+        token id, so the vocabulary bounds it)."""
+        def grammars(field):
+            return lambda: (lambda info: getattr(info, field) if info is not None else 0)(grammar_cache_of())
+
+        Gauge("specdecode_grammar_cache_entries", "Compiled grammars kept (each distinct schema, regex or tool set).",
+              registry=self.registry).set_function(grammars("currsize"))
+        Gauge("specdecode_grammar_cache_max_entries", "The bound on compiled grammars kept (--grammar-cache; 0 "
+              "before a request needed a grammar).", registry=self.registry).set_function(grammars("maxsize"))
+        Gauge("specdecode_token_texts_entries", "Token ids whose text and bytes logprobs have named (at most the "
+              "vocabulary).", registry=self.registry).set_function(lambda: len(token_texts))
+        Gauge("specdecode_token_texts_max_entries", "The token-text cache's bound: the vocabulary's size.",
+              registry=self.registry).set(vocab_size or 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -9,9 +9,12 @@ Three ways in:
 - KubeRay: deploy/kuberay-rayservice.yaml embeds that same config.
 
 A replica that dies is restarted by Ray's controller; requests it held are answered 5xx by the proxy (or see their
-stream cut), and a retry goes to a live replica. As a backstop against a request the proxy keeps waiting on after its
-replica died (seen once under load on a 2-core VM), the proxy's own timeout is the server's --request-timeout plus
-PROXY_GRACE_S: such a request is answered 408 (which OpenAI clients retry), never left hanging.
+stream cut), and a retry goes to a live replica. A request that keeps producing tokens is never cut: Ray's proxy
+timeout is end to end (streams included), so the proxy gets one only where the server has a total deadline
+(--request-timeout, plus PROXY_GRACE_S: a backstop behind the replica's own 504). Against a request left waiting on a
+replica that died without Ray noticing (seen once under load on a 2-core VM), a replica says something at least
+every HEARTBEAT_S (a heartbeat while its answer is not ready), and the ingress takes a replica silent for
+REPLICA_SILENCE_S as lost: the request goes to another replica, or a stream under way ends with an error event.
 
 Cache-aware routing (routing.py): requests enter through a light ingress deployment that reads each body's prefix
 key and calls the replicas through a handle whose request router (PrefixAffinityRouter, Ray Serve's RequestRouter
@@ -36,6 +39,8 @@ log = logging.getLogger("specdecode.server")
 
 DEFAULT_PORT = 8000
 PROXY_GRACE_S = 10.0  # the replica answers 504 at --request-timeout; the proxy gives up only after this much more
+HEARTBEAT_S = 5.0  # a replica whose answer is not ready says so this often: alive, however long the answer takes
+REPLICA_SILENCE_S = 60.0  # the ingress takes a replica that said nothing for this long (12 heartbeats) as lost
 
 
 class SpecdecodeReplica:
@@ -94,7 +99,14 @@ class SpecdecodeReplica:
         task = asyncio.ensure_future(self._app(scope, receive, send))
         task.add_done_callback(lambda _: messages.put_nowait(None))
         try:
-            while (message := await messages.get()) is not None:
+            while True:
+                try:
+                    message = await asyncio.wait_for(messages.get(), HEARTBEAT_S)
+                except asyncio.TimeoutError:
+                    yield None  # a heartbeat (the ingress skips it): this replica is alive, its answer not ready
+                    continue
+                if message is None:
+                    break
                 if message["type"] == "http.response.start":
                     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in message.get("headers", ())]
                     yield {"status": message["status"], "headers": headers}
@@ -140,10 +152,10 @@ class SpecdecodeIngress:
         for attempt in range(REPLICA_ATTEMPTS):
             call = self._engine.options(stream=True).forward.remote(forwarded, **keyed)
             try:
-                head = await call.__anext__()
+                head = await _heard(call)
                 # a whole answer is read whole: a replica lost before its end costs only a retry
-                chunks = None if _streamed(head) else [chunk async for chunk in call]
-            except _replica_lost_errors() as exc:
+                chunks = None if _streamed(head) else [chunk async for chunk in _chunks(call)]
+            except (*_replica_lost_errors(), ReplicaSilent) as exc:
                 log.warning("a replica was lost before it answered (%s): sending the request again", exc)
                 routing_stats().reroute()
                 continue
@@ -187,11 +199,40 @@ def _streamed(head: dict) -> bool:
     return any(k.lower() == "content-type" and v.startswith("text/event-stream") for k, v in head["headers"])
 
 
+class ReplicaSilent(Exception):
+    """A replica said nothing, not even a heartbeat, for REPLICA_SILENCE_S: taken as lost."""
+
+
+async def _heard(call):
+    """The call's next item, heartbeats skipped (StopAsyncIteration at its end); ReplicaSilent, the call cancelled,
+    when the replica says nothing for REPLICA_SILENCE_S."""
+    import asyncio
+
+    while True:
+        try:
+            item = await asyncio.wait_for(call.__anext__(), REPLICA_SILENCE_S)
+        except asyncio.TimeoutError:
+            call.cancel()
+            raise ReplicaSilent(f"the replica said nothing for {REPLICA_SILENCE_S:g} s") from None
+        if item is not None:
+            return item
+
+
+async def _chunks(call):
+    """The call's body chunks (after its head), as _heard reads them."""
+    while True:
+        try:
+            chunk = await _heard(call)
+        except StopAsyncIteration:
+            return
+        yield chunk
+
+
 async def _rest_of_stream(call):
     try:
-        async for chunk in call:
+        async for chunk in _chunks(call):
             yield chunk
-    except _replica_lost_errors() as exc:
+    except (*_replica_lost_errors(), ReplicaSilent) as exc:
         log.warning("a replica was lost mid-stream: %s", exc)
         yield b"data: " + _error_body("the replica serving this stream was lost: send the request again",
                                       "replica_lost") + b"\n\n"
@@ -248,11 +289,13 @@ def deployment_options(replicas: int | None = None, autoscale: tuple[int, int] |
 
 
 def http_options(host: str, port: int, settings=None) -> dict:
-    """Ray Serve's proxy options: where it listens, and a request timeout just past the replicas' own."""
+    """Ray Serve's proxy options: where it listens, and its request timeout: none (None) unless the server has a
+    total deadline (--request-timeout), then just past the replicas' own. Ray's is end to end, streams included: any
+    other value would cut a long answer that is still producing tokens."""
     from .settings import ServerSettings
 
-    timeout = (settings or ServerSettings()).request_timeout + PROXY_GRACE_S
-    return {"host": host, "port": port, "request_timeout_s": timeout}
+    deadline = (settings or ServerSettings()).request_timeout
+    return {"host": host, "port": port, "request_timeout_s": deadline + PROXY_GRACE_S if deadline else None}
 
 
 ROUTING_POLICIES = ("affinity", "load")

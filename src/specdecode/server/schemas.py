@@ -166,6 +166,11 @@ class _Sampling(_Request):
     num_speculative_tokens: Optional[Union[Int(ge=0), Literal["auto"]]] = Field(
         None, description="Extension: draft tokens per verification for this request, 0 for plain decoding (no "
                           "drafts); \"auto\" or left out: the server's -k.")
+    timeout: Optional[float] = Field(
+        None, gt=0.0, description="Extension (LiteLLM's name): a total deadline in seconds, from the request's arrival "
+                                  "to the end of its response; past it the request is cancelled and answered 504 "
+                                  "(an error event if streaming). Left out: none, unless the server sets "
+                                  "--request-timeout; with both, the earlier applies.")
     user: Optional[str] = None
     metadata: Optional[dict[str, Any]] = Field(None, description="Accepted and not used.")
     store: Optional[bool] = Field(None, description="Accepted and not used (nothing is stored).")

@@ -21,8 +21,12 @@ class ServerSettings:
 
     max_batch_size: int = 8
     max_queue: int = 64
-    max_tokens_limit: int = 2048
-    request_timeout: float = 120.0  # seconds from arrival to the end of the response
+    max_tokens_limit: int = 0  # the largest max_tokens a request may ask (0: as much as the context leaves)
+    # Time bounds (0: none). A request that is making progress is never cut by default: a long answer that keeps
+    # producing tokens runs as long as it needs, as on vLLM, Ollama and llama-server.
+    queue_timeout: float = 600.0  # waiting for room in the batch (503); beyond it OpenAI's clients have given up
+    stall_timeout: float = 120.0  # in the engine without progress (504): a hung or stuck engine, not a long answer
+    request_timeout: float = 0.0  # from arrival to the end of the response (504): only where an operator asks
     api_key: str | None = None  # None or "": no key
     draft_name: str | None = None
     served_model_names: Sequence[str] = ()  # --served-model-name; empty: the target's name and "specdecode"
@@ -35,6 +39,7 @@ class ServerSettings:
     retry_after_s: int = 1
     prefix_cache_tokens: int = 65536  # KV of finished requests kept for prompts that start the same (0: off)
     prefix_cache_rows: int = 4  # llama.cpp: spare sequences that hold cached prefixes, beside max_batch_size
+    grammar_cache_entries: int = 64  # compiled grammars kept (LRU): each distinct schema, regex or tool set is one
     answer_kv: str = "prefill"  # a finished answer's KV: prefilled again while idle, lent as decoded, or not lent
     escaped_copies: bool = True  # JSON answers: the suffix history takes the messages' texts JSON-escaped
     strict_tool_calls: bool = False  # tool calls in the template's own form only (no fenced or bare JSON)
@@ -43,13 +48,15 @@ class ServerSettings:
     # allocator.py)
 
     def __post_init__(self):
-        for name in ("max_batch_size", "max_queue", "max_tokens_limit", "max_prompt_chars", "default_predict_tokens"):
+        for name in ("max_batch_size", "max_queue", "max_prompt_chars", "default_predict_tokens"):
             _integer(name, getattr(self, name), 1)
+        _integer("max_tokens_limit", self.max_tokens_limit, 0)
         _integer("max_speculative_tokens", self.max_speculative_tokens, 1, MAX_K)
         _integer("max_tool_calls", self.max_tool_calls, 0)
         _integer("retry_after_s", self.retry_after_s, 0)
         _integer("prefix_cache_tokens", self.prefix_cache_tokens, 0)
         _integer("prefix_cache_rows", self.prefix_cache_rows, 0)
+        _integer("grammar_cache_entries", self.grammar_cache_entries, 1)
         _integer("malloc_mmap_threshold_kib", self.malloc_mmap_threshold_kib, 0, 32 * 1024)  # glibc's largest
         if self.answer_kv not in ANSWER_KV:
             raise OptionError("answer_kv", f"answer_kv must be one of {', '.join(ANSWER_KV)} (prefill: exact, lend: "
@@ -57,7 +64,10 @@ class ServerSettings:
         if self.prefill_tokens_per_step is not None:
             _integer("prefill_tokens_per_step", self.prefill_tokens_per_step, 0)
             self.prefill_tokens_per_step = self.prefill_tokens_per_step or None  # 0: whole prompts at once
-        _seconds("request_timeout", self.request_timeout, positive=True)
+        for name in ("queue_timeout", "stall_timeout", "request_timeout"):
+            if getattr(self, name) is None:  # a config file's null: no bound, as 0
+                setattr(self, name, 0.0)
+            _seconds(name, getattr(self, name), positive=False, zero="no limit")
         _seconds("shutdown_grace_s", self.shutdown_grace_s, positive=False)
         self.api_key = self.api_key or None
         if isinstance(self.served_model_names, str):
@@ -73,6 +83,13 @@ class ServerSettings:
         """Rows the models' caches are built for: the batch, and the cached prefixes' spare rows."""
         return self.max_batch_size + (self.prefix_cache_rows if self.prefix_cache_tokens else 0)
 
+    def tokens_cap(self, context_length: int | None) -> int | None:
+        """The largest max_tokens a request may ask: --max-tokens-limit, else what the context leaves after a
+        one-token prompt; None: no bound known."""
+        if self.max_tokens_limit:
+            return self.max_tokens_limit
+        return context_length - 1 if context_length else None
+
 
 def _integer(name: str, value, low: int, high: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
@@ -80,10 +97,12 @@ def _integer(name: str, value, low: int, high: int | None = None) -> None:
         raise OptionError(name, f"{name} must be an integer {bound}, got {value!r}")
 
 
-def _seconds(name: str, value, positive: bool) -> None:
+def _seconds(name: str, value, positive: bool, zero: str | None = None) -> None:
     number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not number or value < 0 or (positive and value == 0):
-        raise OptionError(name, f"{name} must be a number of seconds {'> 0' if positive else '>= 0'}, got {value!r}")
+        meaning = f" (0: {zero})" if zero else ""
+        raise OptionError(name, f"{name} must be a number of seconds {'> 0' if positive else '>= 0'}{meaning}, "
+                                f"got {value!r}")
 
 
 def served_names(model_name: str, given: Sequence[str] = ()) -> tuple[str, ...]:

@@ -1,8 +1,10 @@
 """Request to engine: one function, `translate`, turns a completions, chat or /predict body into an engine job
-(prompt token ids, per-prompt token limits, choices per prompt, sampling settings, stop strings, the
-response_format's constraint, logprobs) and checks everything the schema cannot know: the served model ids, the
-vocabulary, the context window, the server's limits. Sampling values and the constraint itself are checked by the
-engine's `request()` (one place), which the JobRunner calls before queueing.
+(prompt token ids, per-prompt token limits, choices per prompt, and the request's options as one GenerationParams:
+sampling settings, stop strings, the response_format's or the tools' constraint, logprobs) and checks everything the
+schema cannot know: the served model ids, the vocabulary, the context window, the server's limits. The options'
+values are checked by GenerationParams (one place) when the job is made; compiling the constraint and what else
+needs the model by the engine's `request()`, which the JobRunner calls before queueing. A new option of
+GenerationParams is translated in `_sampling` (or named in NOT_OFFERED).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pydantic import BaseModel
 
 from ..text.chat import ChatTemplateError, NoChatTemplateError, encode_chat
 from ..drafters.escaped_copies import escaped_texts
+from ..engine.params import GenerationParams
 from ..policy.speculation import Speculation
 from ..structured.tool_calls import (ToolError, check_tool_messages, parse_tool_choice, parse_tools, rendered_call,
                           template_supports_tools, tool_format)
@@ -26,6 +29,11 @@ from .settings import ServedModel, ServerSettings
 Kind = Literal["completion", "chat", "predict"]
 
 OPENAI_DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI does
+# GenerationParams' fields that no request body sets (the engine's defaults hold), and why; every other field is
+# translated (tests/test_generation_params.py checks both, so a new field is one or the other).
+NOT_OFFERED = {"regex": "no OpenAI field; a response_format or the tools make a request's constraint",
+               "stop_token_ids": "the schema accepts it only empty: stop strings and the end of sequence end a row"}
+UNKNOWN_CONTEXT_MAX_TOKENS = 2048  # a chat without max_tokens where neither the model nor --max-tokens-limit bounds it
 
 
 @dataclass
@@ -36,6 +44,7 @@ class Generation:
     model: str  # the model id the response names: the one requested, or the server's main one
     job: Job
     stream: bool = False
+    timeout: float | None = None  # the request's own total deadline in seconds (its `timeout` field)
     include_usage: bool = False
     provenance: bool = False  # stream each token with its provenance (the "specdecode" extension)
     logprobs: int | None = None  # None: no logprobs; N: each token's and the N likeliest alternatives'
@@ -53,24 +62,25 @@ def translate(body, kind: Kind, served: ServedModel, settings: ServerSettings) -
         prompts, params = [_chat_ids(body, served, settings, tools)], ["messages"]
     else:
         prompts, params = _prompt_ids(body.prompt, served, settings)
-    if max_tokens is None:  # chat without a limit: the rest of the context
+    if max_tokens is None:  # chat without a limit: the rest of the context (vLLM's default too)
         _check_fits(prompts[0], 1, params[0], tokens_param, served.context_length)
-        room = served.context_length - len(prompts[0]) if served.context_length else settings.max_tokens_limit
-        max_tokens = min(settings.max_tokens_limit, room)
+        room = served.context_length - len(prompts[0]) if served.context_length else None
+        caps = [cap for cap in (settings.max_tokens_limit, room) if cap]
+        max_tokens = min(caps) if caps else UNKNOWN_CONTEXT_MAX_TOKENS
     for ids, param in zip(prompts, params):
         _check_fits(ids, max_tokens, param, tokens_param, served.context_length)
     n = _choices(body, len(prompts), settings)
     logprobs = _logprobs(body, kind)
-    job = Job(prompts=prompts, max_tokens=[max_tokens] * len(prompts), n=n, logprobs=logprobs,
-              **(_response_format(body) if tools is None else {"grammar": tools.grammar}), **sampling)
-    if kind == "chat" and settings.escaped_copies and (tools is not None or job.json_schema is not None
-                                                       or job.json_object):
+    constraint = _response_format(body) if tools is None else {"grammar": tools.grammar}
+    params = _params(dict(max_new_tokens=max_tokens, logprobs=logprobs, **constraint, **sampling), tools)
+    job = Job(prompts=prompts, max_tokens=[max_tokens] * len(prompts), n=n, params=params)
+    if kind == "chat" and settings.escaped_copies and job.constrained:  # JSON answers, tool calls included
         job.copy_texts = escaped_texts((m.role, m.text()) for m in body.messages)  # JSON copies what they say
     if kind == "chat":  # what the next turn will re-send of the answer, for the prefix cache (server/resend.py)
         job.resend = resender(_conversation(body.messages, served), served.tokenizer, tools)
     options = getattr(body, "stream_options", None)
     extension = getattr(body, "specdecode", None)
-    return Generation(kind, model, job, stream=bool(getattr(body, "stream", False)),
+    return Generation(kind, model, job, stream=bool(getattr(body, "stream", False)), timeout=body.timeout,
                       include_usage=bool(options and options.include_usage),
                       provenance=bool(extension and extension.provenance), logprobs=logprobs,
                       tool_calls=tools.format if tools is not None else None, ignored=ignored_fields(body))
@@ -248,6 +258,7 @@ def _check_fits(ids: list[int], max_tokens: int, prompt_param: str, tokens_param
 # ---------------------------------------------------------------------------------------------- limits, sampling
 def _requested_max_tokens(body, kind: Kind, settings: ServerSettings) -> tuple[int | None, str]:
     """(max new tokens per prompt, the field that set it); None: chat's default, the rest of the context."""
+    limit = settings.max_tokens_limit  # 0: none of the server's own (the context bounds it: _check_fits)
     if kind == "chat":
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         value = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -255,30 +266,43 @@ def _requested_max_tokens(body, kind: Kind, settings: ServerSettings) -> tuple[i
         param = "max_tokens" if body.max_new_tokens is None and body.max_tokens is not None else "max_new_tokens"
         value = body.max_new_tokens if body.max_new_tokens is not None else body.max_tokens
         if value is None:
-            value = min(settings.default_predict_tokens, settings.max_tokens_limit)
+            value = min(settings.default_predict_tokens, limit or settings.default_predict_tokens)
     else:
         param, value = "max_tokens", body.max_tokens
         if value is None:
-            value = min(OPENAI_DEFAULT_MAX_TOKENS, settings.max_tokens_limit)
-    if value is not None and value > settings.max_tokens_limit:
-        raise bad_request(f"{param} is {value}; this server allows at most {settings.max_tokens_limit} "
-                          f"(--max-tokens-limit)", param)
+            value = min(OPENAI_DEFAULT_MAX_TOKENS, limit or OPENAI_DEFAULT_MAX_TOKENS)
+    if value is not None and limit and value > limit:
+        raise bad_request(f"{param} is {value}; this server allows at most {limit} (--max-tokens-limit)", param)
     return value, param
 
 
 def _sampling(body, served: ServedModel, settings: ServerSettings) -> dict:
-    """The Job's sampling fields: temperature, top-k, top-p, seed, stop strings, draft length, ignore_eos (their
-    values are checked by the engine's request())."""
+    """The GenerationParams fields of the body's sampling settings: temperature, top-k, top-p, seed, stop strings,
+    draft length, ignore_eos, min_p, the penalties, logit_bias (their values are checked by GenerationParams)."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return dict(temperature=1.0 if body.temperature is None else body.temperature,
                 top_k=body.top_k if body.top_k is not None and body.top_k > 0 else 0,
                 top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed, stop=stop,
                 num_speculative_tokens=_speculative_tokens(body.num_speculative_tokens, served, settings),
-                ignore_eos=bool(body.ignore_eos), options=_options(body, served))
+                ignore_eos=bool(body.ignore_eos), **_options(body, served))
+
+
+def _params(values: dict, tools: "Tools | None") -> GenerationParams:
+    """The job's GenerationParams of these fields, checked there: a bad value is a 400 (a bad constraint's names the
+    field that made it)."""
+    try:
+        return GenerationParams(**values)
+    except ValueError as exc:
+        from ..structured.constraints import ConstraintError  # the grammar engine's module: only when needed
+
+        if isinstance(exc, ConstraintError):
+            param = "tools" if tools is not None else "response_format"
+            raise bad_request(f"{param}: {exc}", param) from None
+        raise bad_request(str(exc)) from None
 
 
 def _options(body, served: ServedModel) -> dict:
-    """The request's min_p, penalties and logit_bias as the engine's request() takes them (left out: neutral);
+    """The request's min_p, penalties and logit_bias as GenerationParams takes them (left out: neutral);
     logit_bias's keys must be token ids of this vocabulary."""
     names = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
     options = {name: getattr(body, name) for name in names if getattr(body, name) is not None}

@@ -56,19 +56,27 @@ def _llguidance():
 # ---------------------------------------------------------------------------------------------------- the request
 @dataclass(frozen=True)
 class ConstraintSpec:
-    """What a request asks for, in a canonical form (so equal constraints share one compiled grammar)."""
+    """What a request asks for, in a canonical form (so equal constraints share one compiled grammar).
+
+    distinct_calls: a tool grammar that allows several calls, whose matchers refuse a call identical to an earlier
+    one (distinct_calls.py); the flag, not the grammar's text, picks that matcher."""
 
     kind: str
     source: str
+    distinct_calls: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ConstraintError(f"unknown constraint kind {self.kind!r}; use one of {', '.join(KINDS)}")
+        if self.distinct_calls and self.kind != "grammar":
+            raise ConstraintError(f"distinct_calls applies to a (tool) grammar, not to a {self.kind}")
 
     @classmethod
     def of(cls, json_schema: dict | str | None = None, grammar: str | None = None, regex: str | None = None,
            json_object: bool = False) -> "ConstraintSpec | None":
-        """The constraint the arguments ask for; None when they ask for none."""
+        """The constraint the arguments ask for; None when they ask for none. A grammar whose first line is
+        DISTINCT_CALLS (as tool_dialects.ToolFormat writes a grammar of several calls) asks for distinct calls: the
+        one place its text is read for it, when a request is parsed."""
         if not isinstance(json_object, bool):
             raise ConstraintError(f"json_object must be true or false, not {type(json_object).__name__}")
         given = [name for name, value in (("json_schema", json_schema), ("grammar", grammar), ("regex", regex))
@@ -82,8 +90,10 @@ class ConstraintSpec:
             return cls("json_object", "")
         if json_schema is not None:
             return cls("json_schema", _canonical_schema(json_schema))
-        name, text = ("grammar", grammar) if grammar is not None else ("regex", regex)
-        return cls(name, _nonempty_text(name, text))
+        if grammar is not None:
+            text = _nonempty_text("grammar", grammar)
+            return cls("grammar", text, distinct_calls=text.startswith(DISTINCT_CALLS))
+        return cls("regex", _nonempty_text("regex", regex))
 
 
 def _canonical_schema(schema) -> str:
@@ -258,7 +268,7 @@ class CompiledGrammar:
         with self._lock:
             engine = self._template.deep_copy()
         matcher = Matcher(engine, self.compiler)
-        if self.spec.kind == "grammar" and self.spec.source.startswith(DISTINCT_CALLS):
+        if self.spec.distinct_calls:
             return DistinctCallsMatcher(matcher, TokenTable.of(self.compiler))
         return matcher
 

@@ -1,7 +1,8 @@
 """No call identical to one already made in the answer: a matcher around a grammar's that refuses the tokens after
 which every way to finish the current call repeats an earlier one.
 
-A tool grammar that allows several calls starts with the line DISTINCT_CALLS; its matchers are DistinctCallsMatchers.
+A tool grammar that allows several calls starts with the line DISTINCT_CALLS, which sets its ConstraintSpec's
+distinct_calls flag (ConstraintSpec.of); that flag makes its matchers DistinctCallsMatchers.
 A call's text is read from its name to the end of its arguments (what `"name": "` opens, in every dialect), less
 the whitespace outside strings (a start form's layout is free) and with "parameters" read as "arguments"; two calls
 are identical when these texts are. The refusal is part of the mask (a function of the answer so far, the same

@@ -35,8 +35,9 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer) -> None:
     raise VocabularyMismatchError(
         f"the target and draft tokenizers differ: {len(differing)} tokens have different ids "
         f"(e.g. {example!r}: target {target_vocab.get(example)}, draft {draft_vocab.get(example)}; "
-        f"vocabulary sizes {len(target_vocab)} and {len(draft_vocab)}). Speculative decoding needs a draft that "
-        f"uses the target's tokenizer, such as a smaller model of the same family.")
+        f"vocabulary sizes {len(target_vocab)} and {len(draft_vocab)}). A drafter built around a model of another "
+        f"tokenizer must propose the target's tokens: pass the draft model itself (what load_model returns), which "
+        f"drafts through its text (drafters/cross_vocab.py), or a drafter of the target's tokenizer")
 
 
 def shared_vocab_size(target, draft=None, target_tokenizer=None, draft_tokenizer=None,

@@ -82,9 +82,9 @@ class SpecDecode(BenchMethod):
 def fresh_history(drafter) -> None:
     """Empty the history of a suffix drafter (suffix+MODEL's suffix part; any other drafter has none), keeping its
     size. Rows left from the last call leave first, into the old history, so none reaches the new one."""
-    from ...drafters import SuffixDrafter, SuffixHistory
+    from ...drafters import RowChange, SuffixDrafter, SuffixHistory
 
     suffix = getattr(drafter, "suffix", drafter)
     if isinstance(suffix, SuffixDrafter):
-        suffix.select_rows([])
+        suffix.relayout(RowChange(()))
         suffix.history = SuffixHistory(suffix.history.max_tokens)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 # The repository (tests/, docs/results/): scripts/device_check.sh names it, since the package it installs on the
 # machine runs from a folder of its own.
-REPO = Path(os.environ.get("SPECDECODE_REPO") or Path(__file__).resolve().parents[3])
+REPO = Path(os.environ.get("SPECDECODE_REPO") or Path(__file__).resolve().parents[1])
 WHEELS = REPO / ".device_wheels"
 
 # The Python packages of the lent machines' image ('cuda'), as the device tool's KINDS.md lists them (read on a

@@ -6,7 +6,7 @@ decoded one token at a time. This measures that difference along the target's ow
 |log p| change over the whole vocabulary and over each position's top token, the smallest top-2 margin seen, and
 whether any argmax flipped. `--exact-greedy` (forwards of at most 3 tokens) is measured beside it.
 
-    python -m specdecode.bench.forward_drift [--model qwen2.5-coder-1.5b-instruct] [--tokens 96] [--threads 2]
+    python -m benchmarks.forward_drift [--model qwen2.5-coder-1.5b-instruct] [--tokens 96] [--threads 2]
 """
 
 from __future__ import annotations
