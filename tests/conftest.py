@@ -4,6 +4,7 @@ loading path (from_pretrained on a local directory with safetensors) is exercise
 from __future__ import annotations
 
 import copy
+import fcntl
 import os
 
 import pytest
@@ -14,6 +15,52 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Tiny models: one thread is fastest, and it keeps the suite fast when something else shares the two cores.
 torch.set_num_threads(int(os.environ.get("SPECDECODE_TEST_THREADS", "1")))
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # pytest-xdist starts its workers with COLUMNS=80 and LINES=24, which the CLI's consoles would keep as their
+    # width when imported; a test sets COLUMNS itself where the width matters, as a terminal would.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
+
+# The suite runs on two workers (pytest-xdist, pyproject's addopts). Tests that share something costly to build or
+# that cannot run twice at once keep to one worker: a file's tests (its module fixtures), the real models (loaded
+# once), the Ray tests (one local Ray instance).
+SHARED_WORKER = {"test_ray_serve.py": "ray", "test_ray_routing.py": "ray"}
+# Tests whose assertions compare measured times (a throughput ratio, a stall limit, a latency bound) run alone: the
+# other worker waits between its tests until they end.
+ALONE_FILES = {"test_bench_serve.py", "test_ray_serve.py", "test_ray_routing.py", "test_server_load.py",
+               "test_server_limits.py", "test_advise.py", "test_draft_auto.py"}  # the last two time the pair
+ALONE_TESTS = {"test_qwen_invoice_walk_is_valid_and_fast",
+               "test_proposing_costs_well_under_a_millisecond_per_row_at_a_million_history_tokens",
+               "test_invalid_arguments_fail_before_loading"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        real = item.get_closest_marker("real_models") is not None
+        group = "real-models" if real else SHARED_WORKER.get(item.path.name, item.path.name)
+        item.add_marker(pytest.mark.xdist_group(group))
+        if item.path.name in ALONE_FILES or item.originalname in ALONE_TESTS:
+            item.add_marker(pytest.mark.alone)
+
+
+@pytest.fixture(autouse=True)
+def _share_the_cores(request, tmp_path_factory):
+    """A shared lock for every test, an exclusive one for a test marked `alone`; the turnstile keeps a waiting
+    exclusive test from being starved by the other worker's stream of shared ones."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    root = tmp_path_factory.getbasetemp().parent
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(root / "turnstile.lock", "a") as turnstile, open(root / "cores.lock", "a") as cores:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(cores, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(cores, fcntl.LOCK_UN)
+
 
 CORPUS = [
     "def quicksort(arr):\n    if len(arr) <= 1:\n        return arr\n    pivot = arr[len(arr) // 2]\n",

@@ -91,12 +91,12 @@ def test_cli_writes_json_and_a_figure(tiny_pair, tokenizer, tmp_path):
 def test_continuous_batching_cuts_tail_ttft_without_losing_throughput(tiny_pair, tokenizer):
     """Poisson arrivals: requests that join the running batch get their first token after one prefill; waiting for
     the batch to drain (the static batching it replaces, --static-batching) makes them queue behind whole
-    generations (the issue's case: long requests that hold the engine; 256 tokens here, so that a generation lasts
+    generations (the issue's case: long requests that hold the engine; 128 tokens here, so that a generation lasts
     long beside a prefill even on a fast CPU)."""
-    load = dict(prompts=PROMPTS, num_requests=24, max_tokens=256, seed=3)
+    load = dict(prompts=PROMPTS, num_requests=24, max_tokens=128, seed=3)
     reports = {}
     for name, join in (("continuous", True), ("wait-for-batch", False)):
-        with _server(tiny_pair, tokenizer, static_batching=not join, max_tokens_limit=256) as srv:
+        with _server(tiny_pair, tokenizer, static_batching=not join, max_tokens_limit=128) as srv:
             assert srv.app.state.batcher.join_running is join
             if "rate" not in load:
                 # Arrivals paced to this machine: one every 1.25 lone generations (a load of ~0.8), so that with
