@@ -201,12 +201,18 @@ def test_drafts_of_another_tokenizer_follow_the_targets_distribution(pair, metho
 
 
 @pytest.mark.slow
-def test_seeded_rows_under_a_random_k_follow_the_targets_distribution(pair, monkeypatch):
-    """Seeded rows under "auto" are Gumbel-coupled: TLI drafts argmax(log q + noise), SLEM's greedy rows their own."""
+@pytest.mark.parametrize("method", ["auto", "tli"])
+def test_seeded_rows_under_a_random_k_follow_the_targets_distribution(pair, monkeypatch, method):
+    """Seeded rows under "auto" are Gumbel-coupled: TLI drafts argmax(log q + noise), SLEM (the default method)
+    the draft's own greedy text."""
     _random_k(monkeypatch, 5)
     target, draft = pair
-    gen = SpeculativeGenerator(target, draft, num_speculative_tokens="auto")  # the generator bridges the two
-    assert isinstance(gen.drafter, CrossVocabDrafter)
+    if method == "auto":
+        gen = SpeculativeGenerator(target, draft, num_speculative_tokens="auto")  # the generator bridges the two
+        assert isinstance(gen.drafter, CrossVocabDrafter)
+    else:
+        gen = SpeculativeGenerator(target, CrossVocabDrafter(draft, target.tokenizer, method),
+                                   num_speculative_tokens="auto")
     assert_exact(pair, gen)
 
 
