@@ -13,28 +13,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from functools import lru_cache
 
+from ..text.token_bridge import byte_level_alphabet
 from .schemas import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
 
 LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf (a token top-k, top-p or the grammar excluded): JSON has no -inf
 _SPM_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte-fallback pieces
 _SPM_SPACE = "\u2581"  # SentencePiece's word-boundary mark, a space in the text
-
-
-@lru_cache(maxsize=1)
-def _byte_level_alphabet() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, character -> byte: printable bytes stand for themselves, the others are shifted
-    to U+0100 and up (what transformers' bytes_to_unicode builds)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, shift = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + shift)] = b
-            shift += 1
-    return chars
 
 
 def _decoder_kinds(tokenizer) -> set[str]:
@@ -88,7 +73,7 @@ class TokenTexts:
             return self.added[token_id].encode("utf-8")
         piece = self.tokenizer.convert_ids_to_tokens(token_id)
         if isinstance(piece, str) and self.byte_level:
-            alphabet = _byte_level_alphabet()
+            alphabet = byte_level_alphabet()
             if all(c in alphabet for c in piece):
                 return bytes(alphabet[c] for c in piece)
         if isinstance(piece, str) and self.sentencepiece:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 
@@ -40,8 +41,10 @@ _SPACE_MARK = "\u2581"  # SentencePiece's word-boundary mark: a space
 _PROBES = ("def f(x):\n    return x  # café 😀\n", " The quick brown fox,  jumps.\t1+2=3\r\n", "naïve 日本語 ok")
 
 
-def _byte_level_alphabet() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, character -> byte (transformers' bytes_to_unicode, inverted)."""
+@lru_cache(maxsize=1)
+def byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte: printable bytes stand for themselves, the others are shifted
+    to U+0100 and up (transformers' bytes_to_unicode, inverted). Shared with the server's logprobs."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars, shift = {}, 0
     for b in range(256):
@@ -128,7 +131,7 @@ class TokenText:
         """Each id's bytes and kind (0 a piece of text, 1 a byte-fallback piece, 2 an added token)."""
         byte_level = "ByteLevel" in decoder
         sentencepiece = "ByteFallback" in decoder or "Metaspace" in decoder or _SPACE_MARK in decoder
-        alphabet = _byte_level_alphabet()
+        alphabet = byte_level_alphabet()
         added = {i: t.content for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()}
         pieces, kinds = [b""] * self.size, [0] * self.size
         prefix = set(self.prefix)
