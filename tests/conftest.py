@@ -28,7 +28,10 @@ SHARED_WORKER = {"test_ray_serve.py": "ray", "test_ray_routing.py": "ray"}
 # Tests whose assertions compare measured times (a throughput ratio, a stall limit, a latency bound) run alone: the
 # other worker waits between its tests until they end.
 ALONE_FILES = {"test_bench_serve.py", "test_ray_serve.py", "test_ray_routing.py", "test_server_load.py",
-               "test_server_limits.py", "test_advise.py", "test_draft_auto.py"}  # the last two time the pair
+               "test_server_limits.py", "test_advise.py", "test_draft_auto.py",  # these two time the pair
+               # llama.cpp on two threads (the split attention): its threads spin while they wait for each other, so
+               # beside another process each step costs several times its own (350 s of the CI's time, 67 s alone)
+               "test_llamacpp_split_attention.py", "test_forward_drift.py"}
 ALONE_TESTS = {"test_qwen_invoice_walk_is_valid_and_fast",
                "test_proposing_costs_well_under_a_millisecond_per_row_at_a_million_history_tokens",
                "test_invalid_arguments_fail_before_loading"}

@@ -188,8 +188,11 @@ def test_the_grammar_cache_keeps_its_bound(tiny_pair, tokenizer):
     assert generator.grammar_cache() is None  # nothing compiled yet
     generator.set_grammar_cache(2)
     schemas = [{"type": "object", "properties": {"a": {"type": "string", "maxLength": n}}} for n in (3, 4, 5)]
-    generator.generate(["x", "y", "z"], max_new_tokens=1, temperature=0, json_schema=schemas)
-    info = generator.grammar_cache()
+    try:
+        generator.generate(["x", "y", "z"], max_new_tokens=1, temperature=0, json_schema=schemas)
+        info = generator.grammar_cache()
+    finally:  # the compiler is shared by every generator of this tokenizer: leave its bound as it was
+        generator.set_grammar_cache(64)
     assert (info.maxsize, info.currsize, info.misses) == (2, 2, 3)
     with pytest.raises(ValueError, match="integer >= 1"):
         generator.set_grammar_cache(0)

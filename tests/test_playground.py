@@ -165,7 +165,10 @@ def test_playground_in_a_browser(server, browser):
     driver.get(f"{server.url}/")
     wait_for(driver, lambda d: text_of(d, "target-name") == MODEL)
     assert text_of(driver, "health") == "ready" and text_of(driver, "server-k") == "4"
-    options = driver.execute_script("return [...document.querySelectorAll('#k option')].map(o => o.value)")
+    # the K choices come after the server's OpenAPI schema (its largest K), a request after the model's name
+    k_choices = "return [...document.querySelectorAll('#k option')].map(o => o.value)"
+    wait_for(driver, lambda d: len(d.execute_script(k_choices)) > 2)
+    options = driver.execute_script(k_choices)
     assert options[:2] == ["default", "auto"] and "0" in options and "3" in options
 
     # a greedy generation, streamed, each token coloured by provenance

@@ -19,6 +19,7 @@ from ..backends.base import eos_token_ids, underlying_model
 from ..drafters import Drafter, across_tokenizers, as_drafter, set_prefix_cache
 from ..errors import OptionError
 from ..policy.choose import make_policy
+from ..policy.estimates import CostPrior
 from ..exact.rejection import METHODS
 from .params import MAX_LOGPROBS, GenerationParams, per_row  # noqa: F401  (MAX_LOGPROBS: where callers found it)
 from .results import GenerationResult, TokenEvent
@@ -88,11 +89,13 @@ class SpeculativeGenerator:
     phase, so there it is off unless asked for (the policy then learns whole-step costs). prefix_cache_tokens: keep
     up to this many tokens of finished rows' KV and start new prompts that begin the same from a copy of it
     (prefix_cache.py; 0: off; a llama.cpp backend needs max_rows above the batch for the parked prefixes).
+    cost_prior: what the policy takes a step to cost before it has timed one (policy.estimates.CostPrior; by
+    default a GPU's shape; the CLI and the server pass this machine's recorded costs of the target).
     """
 
     def __init__(self, target, draft, num_speculative_tokens: int | str = "auto", method: str = "leviathan",
                  tokenizer=None, vocab_size: int | None = None, max_speculative_tokens: int = 8,
-                 timing: bool | None = None, prefix_cache_tokens: int = 0):
+                 timing: bool | None = None, prefix_cache_tokens: int = 0, cost_prior: CostPrior | None = None):
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
         target_model, target_tok = unwrap_model(target)
@@ -108,7 +111,8 @@ class SpeculativeGenerator:
         self.max_speculative_tokens = max_speculative_tokens
         self.speculation = Speculation.parse(num_speculative_tokens if draft is not None else 0)
         self.num_speculative_tokens = str(self.speculation) if self.speculation.auto else self.speculation.k
-        self.policy = make_policy(self.speculation, max_speculative_tokens)
+        self.cost_prior = cost_prior
+        self.policy = make_policy(self.speculation, max_speculative_tokens, cost_prior)
         self.method = method
         self.timing = self.target.device.type != "cuda" if timing is None else timing
         self.eos_token_ids = eos_token_ids(self.target) | tokenizer_eos_ids(self.tokenizer)
@@ -171,7 +175,7 @@ class SpeculativeGenerator:
         if k is not None:
             speculation = Speculation.parse(k if self.drafter is not None else 0)
             if speculation != self.speculation:
-                policy = make_policy(speculation, self.max_speculative_tokens)
+                policy = make_policy(speculation, self.max_speculative_tokens, self.cost_prior)
         session = DecodingSession(self, policy)
         return TokenStream(session, [session.add(r) for r in requests])
 
@@ -245,7 +249,10 @@ class SpeculativeGenerator:
         return self._grammars.compile(constraint)
 
     def set_grammar_cache(self, entries: int) -> None:
-        """Keep up to `entries` compiled grammars (LRU; each distinct json_schema, regex or tool set is one)."""
+        """Keep up to `entries` compiled grammars (LRU; each distinct json_schema, regex or tool set is one).
+
+        The cache belongs to the tokenizer's shared compiler, so the bound holds for every generator of this tokenizer.
+        """
         if isinstance(entries, bool) or not isinstance(entries, int) or entries < 1:
             raise ValueError(f"the grammar cache holds an integer >= 1 of grammars, got {entries!r}")
         self.grammar_cache_entries = entries

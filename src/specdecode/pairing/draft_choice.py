@@ -201,6 +201,32 @@ def load_costs(key: str) -> DraftCosts | None:
         return None
 
 
+def recorded_target_costs(target: str, draft: str | None, backend: str,
+                          threads: int | None) -> tuple[DraftCosts, bool] | None:
+    """The costs recorded on this machine for `target` run this way, whatever draft they were recorded with (v(n)
+    is the target's own), and whether they are `draft`'s (only then is their c this draft's): its entry where
+    there is one, else the latest sure one. None when none is recorded."""
+    try:
+        records = json.loads(costs_path().read_text())
+    except (OSError, ValueError):
+        return None
+    head = cost_key(target, "", backend, threads, None).split(" -> ")[0] + " -> "
+    found = []
+    for key, data in records.items() if isinstance(records, dict) else ():
+        if not key.startswith(head):
+            continue
+        try:
+            costs = DraftCosts.from_dict(data)
+        except (ValueError, KeyError, TypeError):
+            continue
+        if costs.sure and len(costs.verify) > 1:
+            found.append((key[len(head):].split(" | draft ")[0] == draft, costs.measured, costs))
+    if not found:
+        return None
+    same, _, costs = max(found, key=lambda entry: entry[:2])
+    return costs, same
+
+
 def save_costs(key: str, costs: DraftCosts) -> None:
     """Record costs under key (other keys kept); a cache that cannot be written only means measuring again."""
     path = costs_path()

@@ -307,7 +307,7 @@ def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None,
     if not opts.draft_is_auto:
         return None, None
     model_name = auto_draft_model(opts)
-    on_gpu = getattr(getattr(target, "device", None), "type", "cpu") != "cpu" or opts.device_map is not None
+    on_gpu = _on_gpu(opts, target)
     costs, model = None, None
     if model_name is not None and not on_gpu:
         key = auto_cost_key(opts, model_name)
@@ -324,6 +324,29 @@ def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None,
     elif model is None:
         model = load_draft_model(opts, rows, progress)
     return choice, model
+
+
+def _on_gpu(opts: ModelOptions, target) -> bool:
+    return getattr(getattr(target, "device", None), "type", "cpu") != "cpu" or opts.device_map is not None
+
+
+def recorded_cost_prior(opts: ModelOptions, target):
+    """What the speculation policy takes a step to cost before it times one (policy.estimates.CostPrior): on a CPU,
+    the costs of this target recorded on this machine (by `--draft auto` or `advise`; the draft step's only where
+    they were this draft model's and timed); None on a GPU or without a record (the policy's default, a GPU's
+    shape). On 2 cores that default takes verifying 2 tokens for 1.15 steps where it costs 1.7, and a run's first
+    steps draft where nothing can pay."""
+    from ..policy.estimates import CostPrior
+    from .draft_choice import recorded_target_costs
+
+    if not opts.has_draft or _on_gpu(opts, target):
+        return None
+    found = recorded_target_costs(opts.target, opts.draft_model, opts.backend, opts.threads)
+    if found is None:
+        return None
+    costs, same_draft = found
+    timed = same_draft and not costs.draft_step_floor and costs.draft_step > 0
+    return CostPrior.measured(costs.verify, costs.draft_step if timed else None)
 
 
 def measure_auto_costs(opts: ModelOptions, target, model_name: str, rows: int = 1, progress=None):
@@ -427,11 +450,11 @@ def _prepare_quietly(location) -> None:
         prepare_location(location)
 
 
-def make_generator(target, draft, k=AUTO, method: str = "leviathan"):
+def make_generator(target, draft, k=AUTO, method: str = "leviathan", cost_prior=None):
     """The speculative generator of target and draft (it parses k with Speculation.parse), or the plain one when
-    there is no draft."""
+    there is no draft. cost_prior: the policy's starting costs (recorded_cost_prior)."""
     from ..engine.generators import AutoregressiveGenerator, SpeculativeGenerator
 
     if draft is None:
         return AutoregressiveGenerator(target)
-    return SpeculativeGenerator(target, draft, num_speculative_tokens=k, method=method)
+    return SpeculativeGenerator(target, draft, num_speculative_tokens=k, method=method, cost_prior=cost_prior)

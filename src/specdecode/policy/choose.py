@@ -4,8 +4,9 @@ The model. A step with K drafts costs  time(K) = K * c(B) + v(K + 1, B)  seconds
 step whose drafts run no model: Outlook.free) and v(n, B) one target forward of n tokens for a batch of B rows. Both
 are learned from the loop's own timings, per batch size (machine, backend, dtype and B all change them). A cost never
 measured for this B is estimated: linearly between measured n; outside them (or with nothing measured) by the shape of
-the nearest measured batch size, else of the prior v(n) = 1 + 0.15 (n - 1) target steps, scaled to the nearest
-measured point; an unmeasured draft step is 0.3 target steps. Row b drafting k tokens with conditional acceptances
+the nearest measured batch size, else of the prior (CostPrior: v(n) = 1 + 0.15 (n - 1) target steps, a GPU's shape,
+or this machine's curve where `--draft auto` recorded one for the target), scaled to the nearest measured point; an
+unmeasured draft step is the prior's (0.3 target steps, or the recorded one for this draft model). Row b drafting k tokens with conditional acceptances
 a_1..a_k (a_i = P(draft i kept | drafts 1..i-1 kept)) yields  E_b(k) = 1 + sum_{j<=k} prod_{i<=j} a_i  tokens (the 1
 is the resampled or bonus token). The policy picks the K in 0..max_k maximising  sum_b E_b(min(K, cap_b)) / time(K);
 with a constant a this is Leviathan et al.'s (1 - a^(K+1)) / ((1 - a)(K c + v(K+1))). K = 0 is a plain step.
@@ -41,8 +42,9 @@ whose drafts all come from a model settles (`model_drafts`, set by the loop for 
 drafter's cost does not grow with K, and suffix+MODEL's copies can pay where its model cannot.
 
 Exploring costs. A K whose verification was never timed for this batch size is tried when, costed at a lower
-bound (no cheaper than a shorter forward measured, nor than 1/m of a longer one of m tokens), it could beat the
-best estimate; so a wrong prior cannot lock in a bad K. Timings are robust to warm-up (the first two samples of
+bound (no cheaper than a shorter forward measured, nor than 1/m of a longer one of m tokens, nor than 85 % of what
+a curve measured on this machine predicts), it could beat the best estimate; so a wrong prior cannot lock in a bad
+K, and a recorded one spares a CPU the explorations that cannot pay there. Timings are robust to warm-up (the first two samples of
 a shape keep their minimum, and a K counts as untried until it has two) and to stalls (a cost is the median of
 its last 15 timings; on a shared 2-core VM a moving average was pulled up by them, which made drafts look cheap
 next to an inflated plain step).
@@ -61,13 +63,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from .estimates import DECAY, WARM_SAMPLES, PolicyEstimates, RowState, scale_evidence
+from .estimates import DECAY, WARM_SAMPLES, CostPrior, PolicyEstimates, RowState, scale_evidence
 from .speculation import Speculation
 
 PROBE_FORGET = 0.3         # evidence kept when a probe pays: the text has changed since it was gathered
 MARGIN = 0.05              # speculation stops only when plain steps look 5 % faster: a noisy dip must not stop it
 PROBE_FIRST, PROBE_MAX = 8, 256
 CEILING_ACCEPTANCE = 0.95  # the best acceptance a probe could find; if even that cannot pay, probing is waste
+PRIOR_TRUST = 0.85         # a recorded v(n) (CostPrior.verify) may be this far off today: untried K are explored
+                           # only where they could pay at 85 % of it
 TRIAL_BUDGET = 0.03        # a probe or an exploration may cost its draft's catch-up only up to 3 % of the plain
                            # decoding time since the last one
 REFRESH_STEPS = 128        # speculating this long without a plain step: time plain steps afresh (only they can)
@@ -122,8 +126,8 @@ class Policy(PolicyEstimates, ABC):
     settled = False  # whether it decodes plainly without looking (AdaptivePolicy: Settling): the drafter is not asked
     model_drafts = False  # every draft comes from a model (the loop sets it for a ModelDrafter): only then may it settle
 
-    def __init__(self, max_k: int, decay: float = DECAY):
-        super().__init__(max_k, decay)
+    def __init__(self, max_k: int, decay: float = DECAY, prior: CostPrior | None = None):
+        super().__init__(max_k, decay, prior)
         self.probes = self.explorations = self.refreshes = 0
         self.trial = False  # whether the last choose() was a probe or an exploration (decide() reports it)
 
@@ -236,10 +240,10 @@ class FixedPolicy(Policy):
 
     name = "fixed"
 
-    def __init__(self, k: int, decay: float = DECAY):
+    def __init__(self, k: int, decay: float = DECAY, prior: CostPrior | None = None):
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"FixedPolicy needs an integer K >= 0, got {k!r}")
-        super().__init__(k, decay)
+        super().__init__(k, decay, prior)
         self.k = k
 
     def choose(self, rows: list[RowState], caps: list[int]) -> int:
@@ -271,10 +275,10 @@ class AdaptivePolicy(Policy):
     adaptive = True
 
     def __init__(self, max_k: int = 8, decay: float = DECAY, probe_forget: float = PROBE_FORGET,
-                 margin: float = MARGIN):
+                 margin: float = MARGIN, prior: CostPrior | None = None):
         if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 1:
             raise ValueError(f"AdaptivePolicy needs max_k >= 1, got {max_k!r}")
-        super().__init__(max_k, decay)
+        super().__init__(max_k, decay, prior)
         self.probe_forget = probe_forget
         self.margin = margin
         self._speculating = None  # the rows' draft classes when the last step chose to speculate (None: it did not)
@@ -401,9 +405,12 @@ class AdaptivePolicy(Policy):
 
     def _optimistic_time(self, k: int, batch_size: int) -> float:
         """A lower bound on a step whose forward of n = k+1 tokens is unmeasured: no cheaper than a shorter
-        forward, nor than 1/m of a longer one of m tokens (m forwards of one token cost more than one of m)."""
+        forward, nor than 1/m of a longer one of m tokens (m forwards of one token cost more than one of m), nor,
+        where the prior is this machine's measured curve, than PRIOR_TRUST of what it predicts."""
         n, points = k + 1, self._verify.get(batch_size, {})
         bounds = [p.value for m, p in points.items() if m < n] + [p.value / m for m, p in points.items() if m > n]
+        if self.prior.verify and 1 in points:  # a curve measured on this machine is evidence, within its error
+            bounds.append(PRIOR_TRUST * self.verify_cost(n, batch_size))
         verify = max(bounds) if bounds else self.verify_cost(n, batch_size)
         drafting = 0.0 if self._free_drafts else k * self.draft_cost(batch_size)
         return max(drafting + verify, 1e-12)
@@ -436,7 +443,8 @@ class AdaptivePolicy(Policy):
             self._wait = min(PROBE_MAX, 2 * self._wait)
 
 
-def make_policy(spec, max_k: int = 8) -> Policy:
-    """'auto' -> AdaptivePolicy(max_k); a fixed K (0 = plain) -> FixedPolicy(K). Parsed by Speculation.parse."""
+def make_policy(spec, max_k: int = 8, prior: CostPrior | None = None) -> Policy:
+    """'auto' -> AdaptivePolicy(max_k); a fixed K (0 = plain) -> FixedPolicy(K). Parsed by Speculation.parse. prior:
+    the costs it starts from (CostPrior: a GPU's shape by default)."""
     speculation = Speculation.parse(spec)
-    return AdaptivePolicy(max_k) if speculation.auto else FixedPolicy(speculation.k)
+    return AdaptivePolicy(max_k, prior=prior) if speculation.auto else FixedPolicy(speculation.k, prior=prior)

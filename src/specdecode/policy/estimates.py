@@ -4,8 +4,10 @@ policy has measured (acceptance per position, row and draft class; costs per bat
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import deque
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 SHRINK = 4.0               # pseudo-observations a coarser estimate is worth
@@ -90,16 +92,51 @@ def expected_speedup(acceptance: Sequence[float], k: int, draft_step: float, ver
     return expected_tokens(acceptance, k) / (k * draft_step + verify[k + 1])
 
 
+@dataclass(frozen=True)
+class CostPrior:
+    """What a step costs before the policy has timed it, in target steps: v(n), a target forward of n tokens, and a
+    draft step. The defaults are a GPU's shape (verifying a few tokens costs about one step); a CPU's is much
+    steeper (2 tokens 1.6-1.7 steps on 2 cores), so there the defaults spend a run's first steps on drafts that
+    cannot pay. `verify` holds a machine's measured (n, v(n)) points (the costs `--draft auto` recorded for this
+    target, pairing/draft_choice.py): between them v is interpolated, past the last extended along the last two."""
+
+    verify: tuple[tuple[int, float], ...] = ()
+    draft_step: float = PRIOR_DRAFT_STEPS
+
+    def __post_init__(self):
+        points = dict(self.verify)
+        if any(n < 1 or v <= 0 for n, v in points.items()) or not self.draft_step > 0:
+            raise ValueError(f"a cost prior needs v(n) > 0 for n >= 1 and a draft step > 0, got {self}")
+
+    @classmethod
+    def measured(cls, verify: Mapping[int, float], draft_step: float | None = None) -> "CostPrior":
+        return cls(tuple(sorted({1: 1.0, **{int(n): float(v) for n, v in verify.items()}}.items())),
+                   PRIOR_DRAFT_STEPS if draft_step is None else float(draft_step))
+
+    def verify_steps(self, n: int) -> float:
+        points = dict(self.verify)
+        if len(points) < 2:
+            return points.get(1, 1.0) * (1.0 + PRIOR_VERIFY_SLOPE * (n - 1))
+        if n in points:
+            return points[n]
+        ns = sorted(points)
+        i = bisect.bisect(ns, n)
+        lo, hi = (ns[i - 1], ns[i]) if 0 < i < len(ns) else (ns[-2], ns[-1]) if i else (ns[0], ns[1])
+        line = points[lo] + (points[hi] - points[lo]) * (n - lo) / (hi - lo)
+        return max(line, points[ns[-1]]) if n > ns[-1] else line  # never cheaper than fewer tokens
+
+
 class PolicyEstimates:
     """The acceptance and cost estimates a speculation policy keeps (policy.Policy decides with them): evidence of
     acceptance per position for the batch, per row and per draft class, timed costs per batch size, and what a step
     of K drafts is expected to yield and cost. observe() records a step."""
 
-    def __init__(self, max_k: int, decay: float = DECAY):
+    def __init__(self, max_k: int, decay: float = DECAY, prior: CostPrior | None = None):
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay!r}")
         self.max_k = max_k
         self.decay = decay
+        self.prior = prior or CostPrior()  # costs before any timing (in target steps), and the curve's shape
         self.accepted, self.seen = [0.0] * self.max_k, [0.0] * self.max_k  # the batch's evidence
         self._verify: dict[int, dict[int, Cost]] = {}  # batch size -> tokens -> seconds
         self._draft: dict[int, Cost] = {}  # batch size -> seconds per draft step
@@ -180,7 +217,7 @@ class PolicyEstimates:
     def verify_cost(self, n: int, batch_size: int, borrow: bool = True) -> float:
         """Seconds (or prior target steps, before any timing) of a target forward of n tokens."""
         points = self._verify.get(batch_size)
-        shape = self._shape if borrow else lambda m, _: 1.0 + PRIOR_VERIFY_SLOPE * (m - 1)
+        shape = self._shape if borrow else lambda m, _: self.prior.verify_steps(m)
         if not points:
             return shape(n, batch_size)
         if n in points:
@@ -196,7 +233,7 @@ class PolicyEstimates:
         """The curve to scale where this batch size has no timing: the nearest measured batch size's, or the prior."""
         others = [b for b in self._verify if b != batch_size]
         if not others:
-            return 1.0 + PRIOR_VERIFY_SLOPE * (n - 1)
+            return self.prior.verify_steps(n)
         return self.verify_cost(n, min(others, key=lambda b: (abs(b - batch_size), b)), borrow=False)
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
@@ -215,7 +252,7 @@ class PolicyEstimates:
             near = min(self._draft, key=lambda b: (abs(b - batch_size), b))
             ratio = self._draft[near].value / max(self.verify_cost(1, near), 1e-12)
         else:
-            ratio = PRIOR_DRAFT_STEPS
+            ratio = self.prior.draft_step
         return ratio * self.verify_cost(1, batch_size)
 
     def step_time(self, k: int, batch_size: int, free: bool | None = None) -> float:

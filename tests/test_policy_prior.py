@@ -1,0 +1,123 @@
+"""The costs the speculation policy starts from (policy.estimates.CostPrior): a GPU's shape by default, this
+machine's recorded costs of the target where `--draft auto` or `advise` measured them (pairing/pair.py,
+recorded_cost_prior). On a 2-core CPU the default takes verifying 2 tokens for 1.15 steps where it costs 1.7, so a
+short run's first steps draft where nothing can pay; started from the machine's curve the policy decodes plainly
+from the first step and only probes."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from specdecode.pairing import draft_choice
+from specdecode.pairing.pair import ModelOptions, recorded_cost_prior
+from specdecode.policy.choose import AdaptivePolicy, FixedPolicy, make_policy
+from specdecode.policy.estimates import CostPrior
+from test_policy import curve, simulate
+
+# A 2-core Xeon's measured v(n) of Qwen2.5-Coder-1.5B on llama.cpp (2026-11-29), and a cross-tokenizer draft's
+# cost and acceptance there (SmolLM2-135M: c about 0.3 with its text bridged, 40-60 % of drafts kept)
+XEON = {1: 1.0, 2: 1.72, 3: 1.98, 4: 2.24, 5: 2.5, 7: 3.1, 9: 3.7}
+C, ALPHA = 0.3, 0.5
+
+
+def test_the_default_prior_is_a_gpus_shape_and_a_measured_one_follows_its_points():
+    default = CostPrior()
+    assert default.verify_steps(1) == 1.0 and default.verify_steps(5) == pytest.approx(1.6)
+    assert default.draft_step == pytest.approx(0.3)
+    measured = CostPrior.measured({2: 1.72, 4: 2.24, 9: 3.7}, draft_step=0.21)
+    assert measured.verify_steps(1) == 1.0 and measured.verify_steps(2) == pytest.approx(1.72)
+    assert measured.verify_steps(3) == pytest.approx(1.98)  # between two points: on the line
+    assert measured.verify_steps(11) == pytest.approx(3.7 + 2 * (3.7 - 2.24) / 5)  # past the last: the last slope
+    assert measured.draft_step == pytest.approx(0.21)
+    assert CostPrior.measured({2: 1.5}).draft_step == pytest.approx(0.3)  # no timed draft: the default step
+    with pytest.raises(ValueError, match="v\\(n\\) > 0"):
+        CostPrior.measured({2: -1.0})
+
+
+def test_a_policy_reads_its_untimed_costs_from_its_prior():
+    prior = CostPrior.measured(XEON, draft_step=0.25)
+    policy = AdaptivePolicy(8, prior=prior)
+    assert policy.verify_cost(2, 1) == pytest.approx(1.72) and policy.draft_cost(1) == pytest.approx(0.25)
+    rows = [policy.new_row()]
+    policy.observe(rows, 0, [0], 1, 0.0, 0.120)  # a plain step timed: 120 ms
+    assert policy.verify_cost(3, 1) == pytest.approx(0.120 * 1.98)  # the prior's shape, scaled to the timing
+    assert policy.draft_cost(1) == pytest.approx(0.120 * 0.25)
+    assert make_policy("auto", 8, prior).prior is prior and make_policy(2, 8, prior).prior is prior
+    assert FixedPolicy(2).prior == CostPrior()
+
+
+def test_on_a_steep_machine_a_measured_prior_decodes_plainly_from_the_first_step():
+    v, prior = curve(XEON), CostPrior.measured(XEON, C)
+    default, measured = [], []
+    for seed in range(5):  # 128 steps: a short answer, where the first steps weigh most
+        default_rate, default_ks = simulate(AdaptivePolicy(8), 128, v, C, ALPHA, seed=seed)
+        prior_rate, prior_ks = simulate(AdaptivePolicy(8, prior=prior), 128, v, C, ALPHA, seed=seed)
+        assert default_ks[0] > 0  # the GPU's shape drafts (explores) at once
+        assert prior_ks[:8] == [0] * 8  # nothing drafted before the first probe
+        default.append(default_rate)
+        measured.append(prior_rate)
+    # rates relative to plain decoding's (v(1) = 1): what is left is the probes', which find out whether the text
+    # has become one the draft knows
+    assert statistics.median(measured) >= 0.975
+    assert statistics.median(measured) > statistics.median(default) + 0.01
+
+
+def _record(path, entries: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entries))
+
+
+def _costs(verify: dict, c: float, floor: bool = False, others: float | None = 0.01, measured="2026-11-29") -> dict:
+    return {"draft_step": c, "verify": {str(n): v for n, v in verify.items()}, "measured": measured,
+            "draft_step_floor": floor, "others": others}
+
+
+def test_the_recorded_costs_of_the_target_become_the_cli_policys_prior(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    key = lambda target, draft, threads=None: draft_choice.cost_key(target, draft, "auto", threads, "auto")  # noqa
+    opts = ModelOptions(target="qwen2.5-coder-1.5b-instruct", draft="smollm2-135m-instruct")
+    assert recorded_cost_prior(opts, object()) is None  # nothing recorded: the default
+    _record(draft_choice.costs_path(), {
+        key("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"): _costs({2: 1.72, 4: 2.24}, 0.35, True),
+        key("qwen2.5-coder-1.5b-instruct", "other", threads=1): _costs({2: 9.0}, 0.1),  # other threads: not ours
+        key("another-target", "smollm2-135m-instruct"): _costs({2: 5.0}, 0.1),  # another target: not ours
+        key("qwen2.5-coder-1.5b-instruct", "busy"): _costs({2: 1.1}, 0.2, others=0.9, measured="2026-12-01"),
+    })
+    prior = recorded_cost_prior(opts, object())
+    assert prior.verify_steps(2) == pytest.approx(1.72) and prior.verify_steps(4) == pytest.approx(2.24)
+    assert prior.draft_step == pytest.approx(0.3)  # the record's c is another draft's floor: the default step
+    _record(draft_choice.costs_path(), {
+        key("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"): _costs({2: 1.72, 4: 2.24}, 0.35, True),
+        key("qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct"): _costs({2: 1.6, 3: 1.9}, 0.21),
+    })
+    prior = recorded_cost_prior(opts, object())
+    assert prior.verify_steps(2) == pytest.approx(1.6) and prior.draft_step == pytest.approx(0.21)  # its own c
+    assert recorded_cost_prior(ModelOptions(target=opts.target, draft="none"), object()) is None  # no draft
+    assert recorded_cost_prior(ModelOptions(target=opts.target, draft=opts.draft, device_map="auto"),
+                               object()) is None  # a GPU: its own shape
+
+
+def test_the_generator_keeps_its_prior_for_every_call(tiny_pair, tokenizer):
+    from specdecode import SpeculativeGenerator
+
+    prior = CostPrior.measured(XEON)
+    gen = SpeculativeGenerator(*tiny_pair, num_speculative_tokens="auto", tokenizer=tokenizer,
+                               cost_prior=prior)
+    assert gen.policy.prior is prior
+    seen = []
+    original = make_policy
+
+    def spy(spec, max_k=8, prior=None):
+        seen.append(prior)
+        return original(spec, max_k, prior)
+
+    import specdecode.engine.generators as generators
+    generators.make_policy, restore = spy, generators.make_policy
+    try:
+        gen.generate(["ab"], max_new_tokens=2, temperature=0, num_speculative_tokens=2)
+    finally:
+        generators.make_policy = restore
+    assert seen == [prior]
