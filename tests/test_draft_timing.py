@@ -199,6 +199,21 @@ def test_the_floor_of_the_default_pair_is_its_share_of_the_bytes():
     assert draft_timing.draft_step_floor(llamacpp, "/no/such/model", DEFAULT_DRAFT) is None
 
 
+def test_with_the_targets_verifications_timed_before_a_round_times_one_step_of_each_model():
+    machine = Machine(0.0)
+    verify = {str(n - 1): v for n, v in MANY_CORES[1].items() if n > 1}
+    measured = run_rounds(lambda: machine.timer(MANY_CORES), True, load=machine.load(),
+                          look=lambda: machine.wait(0.2), verify=verify)
+    assert machine.calls == 2 * (1 + measured["rounds"])  # the warm-up and each round: a target and a draft step
+    assert measured["v"] == verify and measured["c"] == pytest.approx(MANY_CORES[0])
+    assert measured["rounds"] == measured["agreeing"] == 3
+    assert choose_draft("M", costs_from_measurement(measured)).draft == "suffix+M"
+    full = Machine(0.0)
+    run_rounds(lambda: full.timer(MANY_CORES), True, load=full.load(), look=lambda: full.wait(0.2))
+    assert full.now - 0.2 > 5 * (machine.now - 0.2)  # every verification in every round (after the 0.2 s look):
+    # what a first run that loads the draft no longer waits for
+
+
 def test_records_without_the_new_fields_still_decide():
     old = {"draft_step": 0.57, "verify": {"1": 1.0, "2": 1.62}, "target_step_ms": 40.0, "measured": "2026-01-01"}
     costs = DraftCosts.from_dict(old)
@@ -243,10 +258,16 @@ def test_a_first_run_on_a_small_cpu_never_loads_the_draft_model(auto, monkeypatc
 
 def test_where_the_floor_leaves_a_chance_the_draft_is_loaded_and_timed(auto, monkeypatch):
     pair, path, loads, timings = auto
-    monkeypatch.setattr(pair, "measure_target_costs", lambda target, floor, **k: _measured(floor, MANY_CORES[1]))
+    target_costs = _measured(0.35, MANY_CORES[1])
+    monkeypatch.setattr(pair, "measure_target_costs", lambda target, floor, **k: {**target_costs, "c": floor})
+    given = []
+    monkeypatch.setattr(pair, "measure_pair_costs",
+                        lambda *a, verify=None, **k: timings.append("pair") or given.append(verify) or
+                        _measured(*MANY_CORES))
     choice, model = pair.resolve_auto_draft(pair.ModelOptions(), _LlamaCppTarget())
     assert choice.draft == f"suffix+{pair.DEFAULT_DRAFT}" and model == "MODEL"
     assert loads == [pair.DEFAULT_DRAFT] and timings == ["pair"]  # loaded once: timed, then used
+    assert given == [target_costs["v"]]  # the target's verifications are not timed twice
 
 
 def test_a_busy_first_run_loads_nothing_records_nothing_and_the_next_run_looks_again(auto, monkeypatch):

@@ -13,7 +13,9 @@ finds 1.70, issue 50) and a draft model as able to pay where it cannot. So:
 - every round's own figures go through the decision too, and the choice's line says how many rounds agree with
   it; when some disagree, more rounds are taken (up to MAX_ROUNDS);
 - the draft model is not even loaded where the least its step can cost (draft_step_floor) already leaves it no
-  chance to pay: the target's own forwards decide, about a second of a first run instead of loading a second model.
+  chance to pay: the target's own forwards decide, about a second of a first run instead of loading a second model;
+  where it is loaded, the target's verifications just timed are kept and the pair's rounds time one step of each
+  model (on the default pair on 2 cores: ~1 s of rounds instead of ~8).
 """
 
 from __future__ import annotations
@@ -79,59 +81,67 @@ class OthersLoad:
 Timer = Callable[[str, int], float]  # (model, tokens) -> seconds of one forward of that many tokens
 
 
-def shapes(with_draft: bool) -> list[tuple[str, int]]:
-    """What a round times: a target step, a draft step, and a verification of K + 1 tokens for each measured K."""
-    return [("target", 1)] + ([("draft", 1)] if with_draft else []) + [("target", k + 1) for k in MEASURED_KS]
+def shapes(with_draft: bool, verifications: bool = True) -> list[tuple[str, int]]:
+    """What a round times: a target step, a draft step, and (verifications) a verification of K + 1 tokens for each
+    measured K."""
+    return [("target", 1)] + ([("draft", 1)] if with_draft else []) + (
+        [("target", k + 1) for k in MEASURED_KS] if verifications else [])
 
 
-def costs_of(rounds: list[dict], floor: float | None = None) -> dict:
+def costs_of(rounds: list[dict], floor: float | None = None, verify: dict | None = None) -> dict:
     """c, v(n) by K and target_step_ms (measure_costs' form) from the least time of each shape over the rounds; c
-    is `floor` where no draft was timed."""
+    is `floor` where no draft was timed; v is `verify` where it was given (timed before: the rounds then hold no
+    verification)."""
     least = {shape: min(r[shape] for r in rounds) for shape in rounds[0]}
     step = least[("target", 1)]
     c = least[("draft", 1)] / step if ("draft", 1) in least else floor
-    return {"c": c, "v": {str(k): least[("target", k + 1)] / step for k in MEASURED_KS}, "target_step_ms": 1000 * step}
+    v = dict(verify) if verify is not None else {str(k): least[("target", k + 1)] / step for k in MEASURED_KS}
+    return {"c": c, "v": v, "target_step_ms": 1000 * step}
 
 
 def run_rounds(make_timer: Callable[[], Timer], with_draft: bool, floor: float | None = None, rounds: int = ROUNDS,
                max_rounds: int = MAX_ROUNDS, load: OthersLoad | None = None,
-               decide: Callable[[dict], bool] | None = None, look: Callable[[], None] | None = None) -> dict:
+               decide: Callable[[dict], bool] | None = None, look: Callable[[], None] | None = None,
+               verify: dict | None = None) -> dict:
     """Times every shape once per round, back to back, and returns costs_of the rounds with how sure they are:
     "others" (load.share), "rounds", and "agreeing": the rounds whose own costs lead to the decision that the
     minima lead to. Rounds that disagree get more rounds, up to max_rounds. decide(costs) -> whether the draft
     model can pay (default: draft_choice's rule). The machine's load is looked at first (look: LOOK_S of sleep),
     before make_timer sets up the forwards, and after every round: once it is busy nothing more is timed, since
     the measurement could only be unsure (and a busy machine's forwards are slow to time); with nothing timed "v"
-    is empty and "rounds" 0."""
+    is empty and "rounds" 0. verify: the target's v(n) (by K, as "v"), timed just before: the rounds time a step
+    of each model only (on a 2-core CPU a sixth of a round with every verification), and "v" is verify."""
     decide = decide or (lambda measured: costs_from_measurement(measured).model_can_pay())
     timed, load = [], load or OthersLoad()
     with load:
         (look or (lambda: time.sleep(LOOK_S)))()
         timer = None if load.busy() else make_timer()
-        for shape in shapes(with_draft) if timer else ():  # warm-up: the first call of a shape allocates
+        order = shapes(with_draft, verify is None)
+        for shape in order if timer else ():  # warm-up: the first call of a shape allocates
             timer(*shape)
         while timer and len(timed) < rounds and not load.busy():
-            timed.append({shape: timer(*shape) for shape in shapes(with_draft)})
-            if len(timed) == rounds and rounds < max_rounds and len(set(_decisions(timed, floor, decide))) > 1:
+            timed.append({shape: timer(*shape) for shape in order})
+            if len(timed) == rounds and rounds < max_rounds and \
+                    len(set(_decisions(timed, floor, decide, verify))) > 1:
                 rounds = max_rounds
     if not timed:
         return {"c": floor, "v": {}, "target_step_ms": None, "others": load.share, "rounds": 0, "agreeing": 0}
-    measured = costs_of(timed, floor)
+    measured = costs_of(timed, floor, verify)
     verdict = decide(measured)
     return {**measured, "others": load.share, "rounds": len(timed),
-            "agreeing": sum(d == verdict for d in _decisions(timed, floor, decide))}
+            "agreeing": sum(d == verdict for d in _decisions(timed, floor, decide, verify))}
 
 
-def _decisions(timed: list[dict], floor: float | None, decide) -> list[bool]:
-    return [decide(costs_of([r], floor)) for r in timed]
+def _decisions(timed: list[dict], floor: float | None, decide, verify: dict | None = None) -> list[bool]:
+    return [decide(costs_of([r], floor, verify)) for r in timed]
 
 
 # ---------------------------------------------------------------------------------------------- real forwards
 def measure_costs(target, draft_model=None, floor: float | None = None, rounds: int = ROUNDS,
-                  max_rounds: int = MAX_ROUNDS, acceptance: float | None = None) -> dict:
+                  max_rounds: int = MAX_ROUNDS, acceptance: float | None = None, verify: dict | None = None) -> dict:
     """run_rounds on real forwards on a warm 64-token context: the target's alone (c is then `floor`), or the
     target's and the draft model's. acceptance: what the model must pay at (default draft_choice's
-    TYPICAL_ACCEPTANCE), for the rounds' own decisions."""
+    TYPICAL_ACCEPTANCE), for the rounds' own decisions. verify: the target's v(n) timed just before (run_rounds)."""
     import torch
 
     from ..backends.base import pad
@@ -162,7 +172,8 @@ def measure_costs(target, draft_model=None, floor: float | None = None, rounds: 
     try:
         decide = None if acceptance is None else (
             lambda measured: costs_from_measurement(measured).model_can_pay(acceptance=acceptance))
-        return run_rounds(make_timer, draft_model is not None, floor, rounds, max_rounds, decide=decide)
+        return run_rounds(make_timer, draft_model is not None, floor, rounds, max_rounds, decide=decide,
+                          verify=verify)
     finally:
         if "target" in backends:
             backends["target"].reset(0)

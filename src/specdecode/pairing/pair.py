@@ -359,13 +359,15 @@ def measure_auto_costs(opts: ModelOptions, target, model_name: str, rows: int = 
 
     acceptance = auto_acceptance(opts, model_name)
     floor = draft_step_floor(target, opts.target, model_name)
+    verify = None
     if floor is not None:
-        costs = costs_from_measurement(measure_target_costs(target, floor, acceptance=acceptance),
-                                       draft_step_floor=True)
+        target_costs = measure_target_costs(target, floor, acceptance=acceptance)
+        costs = costs_from_measurement(target_costs, draft_step_floor=True)
         if not costs.sure or not costs.model_can_pay(acceptance=acceptance):
             return costs, None
+        verify = target_costs["v"]  # just timed: the pair's rounds time only a step of each model
     model = load_draft_model(replace(opts, draft=model_name), rows, progress)
-    return costs_from_measurement(measure_pair_costs(target, model, acceptance=acceptance)), model
+    return costs_from_measurement(measure_pair_costs(target, model, acceptance=acceptance, verify=verify)), model
 
 
 def measure_target_costs(target, floor: float, acceptance: float | None = None) -> dict:
@@ -376,12 +378,14 @@ def measure_target_costs(target, floor: float, acceptance: float | None = None) 
     return measure_costs(target, None, floor, acceptance=acceptance)
 
 
-def measure_pair_costs(target, draft_model, rounds: int | None = None, acceptance: float | None = None) -> dict:
+def measure_pair_costs(target, draft_model, rounds: int | None = None, acceptance: float | None = None,
+                       verify: dict | None = None) -> dict:
     """c and v(n) of this pair here (draft_timing.measure_costs: the least time of each shape over interleaved
-    rounds, how many rounds agree, and other processes' share of the CPUs meanwhile)."""
+    rounds, how many rounds agree, and other processes' share of the CPUs meanwhile). verify: the target's v(n),
+    timed just before (measure_target_costs' "v"): then only a step of each model is timed."""
     from .draft_timing import ROUNDS, measure_costs
 
-    return measure_costs(target, draft_model, rounds=rounds or ROUNDS, acceptance=acceptance)
+    return measure_costs(target, draft_model, rounds=rounds or ROUNDS, acceptance=acceptance, verify=verify)
 
 
 @contextlib.contextmanager
