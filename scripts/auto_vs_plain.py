@@ -5,7 +5,12 @@ Prints each run's tokens/s and K histogram, then the per-round ratios and their 
 
     python scripts/auto_vs_plain.py [ROUNDS] [TOKENS]
 """
-import json, subprocess, sys, statistics, os
+import json
+import os
+import statistics
+import subprocess
+import sys
+
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 TOK = sys.argv[2] if len(sys.argv) > 2 else "128"
 arms = {"plain": ["--draft", "none"], "smol-auto": ["--draft", "smollm2-135m-instruct", "-k", "auto"],

@@ -5,7 +5,11 @@ and the per-round ratios.
 
     python scripts/auto_vs_plain_in_process.py [ROUNDS]
 """
-import os, statistics, sys, time
+import os
+import statistics
+import sys
+import time
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator, load_model
 from specdecode.policy.choose import make_policy
