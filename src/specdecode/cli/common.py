@@ -10,7 +10,7 @@ from typing import Optional
 
 from rich.markup import escape
 
-from ..pairing.pair import make_generator, recorded_cost_prior  # noqa: F401  (where the commands find them)
+from ..pairing.pair import generator_of, make_generator  # noqa: F401  (where the commands find them)
 from .console import WIDE, CLIError, err, fail, flag, flagged, one_line, out, user_errors  # noqa: F401
 from .options import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: F401  (where scripts and tests have found them)
 from .options import AUTO, ModelOptions

@@ -9,8 +9,8 @@ from typing import List, Optional
 import typer
 
 from .app import app
-from .common import (PROVENANCE_STYLES, check_generation_args, chat_ids, err, legend, load_pair, make_generator,
-                     progress_bar, recorded_cost_prior, read_prompts, stats_table, use_color, user_errors)
+from .common import (PROVENANCE_STYLES, check_generation_args, chat_ids, err, generator_of, legend, load_pair,
+                     progress_bar, read_prompts, stats_table, use_color, user_errors)
 from .structure import check_logprobs, logprobs_table, read_structure, token_text
 from .options import AUTO_DRAFT, ModelOptions, SamplingOptions, model_options, sampling_options
 
@@ -152,8 +152,7 @@ def generate(
         prompts = read_prompts(prompt, prompts_file)
         target_model, draft_model = load_pair(opts, quiet=json_out and not err.is_terminal,
                                               announce=verbose or None)
-        gen = make_generator(target_model, draft_model, opts.num_speculative_tokens, opts.method,
-                             recorded_cost_prior(opts, target_model))
+        gen = generator_of(opts, target_model, draft_model)
         inputs = [chat_ids(gen.tokenizer, p) for p in prompts] if chat else prompts
         live = stream and not json_out
         colour = use_color() and not json_out

@@ -7,7 +7,7 @@ from typing import List, Optional
 import typer
 
 from .app import app
-from .common import CLIError, load_pair, make_generator, recorded_cost_prior, user_errors
+from .common import CLIError, generator_of, load_pair, user_errors
 from .options import AUTO, AUTO_DRAFT, ModelOptions, model_options
 from ..pairing.pair import display_name
 
@@ -129,8 +129,7 @@ def serve(
             settings.draft_name = display_name(opts.draft)
         if target_model.tokenizer is None:
             raise CLIError(f"{opts.target} has no tokenizer: the server takes text and returns text")
-        generator = make_generator(target_model, draft_model, opts.num_speculative_tokens, opts.method,
-                                   recorded_cost_prior(opts, target_model))
+        generator = generator_of(opts, target_model, draft_model)
         server_app = create_app(generator, display_name(opts.target), target_model.tokenizer, settings)
     # Logs go through `logging`, one line per event; on SIGINT/SIGTERM uvicorn stops accepting, lets in-flight
     # requests finish for the settings' shutdown grace, the app's shutdown stops the engine worker, and run() logs

@@ -454,6 +454,12 @@ def _prepare_quietly(location) -> None:
         prepare_location(location)
 
 
+def generator_of(opts: ModelOptions, target, draft):
+    """The generator of a loaded pair as the options ask (K, method), its policy started from this machine's
+    recorded costs of the target (recorded_cost_prior): what `generate`, `serve` and a Ray replica run."""
+    return make_generator(target, draft, opts.num_speculative_tokens, opts.method, recorded_cost_prior(opts, target))
+
+
 def make_generator(target, draft, k=AUTO, method: str = "leviathan", cost_prior=None):
     """The speculative generator of target and draft (it parses k with Speculation.parse), or the plain one when
     there is no draft. cost_prior: the policy's starting costs (recorded_cost_prior)."""

@@ -107,6 +107,9 @@ class CostPrior:
         points = dict(self.verify)
         if any(n < 1 or v <= 0 for n, v in points.items()) or not self.draft_step > 0:
             raise ValueError(f"a cost prior needs v(n) > 0 for n >= 1 and a draft step > 0, got {self}")
+        # read by the policy on every step: built once
+        object.__setattr__(self, "_points", points)
+        object.__setattr__(self, "_ns", sorted(points))
 
     @classmethod
     def measured(cls, verify: Mapping[int, float], draft_step: float | None = None) -> "CostPrior":
@@ -114,12 +117,11 @@ class CostPrior:
                    PRIOR_DRAFT_STEPS if draft_step is None else float(draft_step))
 
     def verify_steps(self, n: int) -> float:
-        points = dict(self.verify)
+        points, ns = self._points, self._ns
         if len(points) < 2:
             return points.get(1, 1.0) * (1.0 + PRIOR_VERIFY_SLOPE * (n - 1))
         if n in points:
             return points[n]
-        ns = sorted(points)
         i = bisect.bisect(ns, n)
         lo, hi = (ns[i - 1], ns[i]) if 0 < i < len(ns) else (ns[-2], ns[-1]) if i else (ns[0], ns[1])
         line = points[lo] + (points[hi] - points[lo]) * (n - lo) / (hi - lo)

@@ -51,7 +51,7 @@ class SpecdecodeReplica:
     def __init__(self, config: dict):
         import torch
 
-        from ..pairing.pair import ModelOptions, display_name, load_pair, make_generator, recorded_cost_prior
+        from ..pairing.pair import ModelOptions, display_name, generator_of, load_pair
         from .allocator import fix_mmap_threshold
         from .app import create_app
         from .settings import ServerSettings
@@ -66,8 +66,7 @@ class SpecdecodeReplica:
             settings = dataclasses.replace(settings, draft_name=display_name(opts.draft) if opts.has_draft else None)
         if target.tokenizer is None:
             raise ValueError(f"{opts.target} has no tokenizer: the server takes text and returns text")
-        generator = make_generator(target, draft, opts.num_speculative_tokens, opts.method,
-                                   recorded_cost_prior(opts, target))
+        generator = generator_of(opts, target, draft)
         self._app = create_app(generator, config["model_name"], target.tokenizer, settings)
         self._apps_running: set = set()  # app calls whose client went away, left to finish their cleanup
 
