@@ -280,3 +280,23 @@ def test_advise_agrees_with_auto_and_records_its_costs(costs_file, tiny_model_di
     monkeypatch.setattr(pair, "load_draft_model", lambda *a, **k: "MODEL")
     choice, _ = pair.resolve_auto_draft(opts, _CpuTarget())
     assert choice.draft == auto["draft"]  # generate would choose what advise said
+
+
+def test_a_pair_the_catalog_does_not_know_pays_at_advises_acceptance(costs_file, monkeypatch):
+    """advise takes a draft whose tokenizer matches at a good pair's acceptance; generate must read its record the
+    same way, or costs between the two bounds (these: 1.19x at 90 % kept, 1.00x at 70 %) flip the choice."""
+    from specdecode.bench.advise import DraftCost, draft_auto
+    from specdecode.pairing.draft_choice import CROSS_TOKENIZER_ACCEPTANCE, TYPICAL_ACCEPTANCE
+
+    between = {1: 1.0, 2: 1.5, 3: 1.9, 4: 2.3, 5: 2.7, 7: 3.5, 9: 4.3}
+    costs = DraftCosts(0.2, between)
+    assert costs.model_can_pay(acceptance=TYPICAL_ACCEPTANCE)
+    assert not costs.model_can_pay(acceptance=CROSS_TOKENIZER_ACCEPTANCE)
+    auto = draft_auto({"cost": DraftCost(0.2)}, between, 30.0)
+    pair, _ = _auto(monkeypatch, "/models/draft")
+    opts = pair.ModelOptions(target="/models/target", threads=1)
+    assert pair.auto_acceptance(opts, "/models/draft") == TYPICAL_ACCEPTANCE
+    draft_choice.save_costs(pair.auto_cost_key(opts, "/models/draft"), DraftCosts.from_dict(auto["costs"]))
+    monkeypatch.setattr(pair, "load_draft_model", lambda *a, **k: "MODEL")
+    choice, _ = pair.resolve_auto_draft(opts, _CpuTarget())
+    assert auto["draft"] == "suffix+MODEL" and choice.draft == "suffix+/models/draft"

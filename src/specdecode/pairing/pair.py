@@ -279,13 +279,15 @@ def auto_draft_model(opts: ModelOptions) -> str | None:
 
 
 def auto_acceptance(opts: ModelOptions, model: str | None) -> float:
-    """What --draft auto's draft model must pay at: a good pair's acceptance, or a draft of another tokenizer's."""
+    """What --draft auto's draft model must pay at: a good pair's acceptance, or a draft of another tokenizer's
+    where the catalog knows both tokenizers and they differ. Models it does not know are taken at a good pair's,
+    as `advise` takes a pair whose tokenizers match (its record must lead generate to the choice it printed)."""
     from ..models import catalog
     from .draft_choice import CROSS_TOKENIZER_ACCEPTANCE, TYPICAL_ACCEPTANCE
 
-    same = model is None or catalog.is_registered(opts.target) and catalog.is_registered(model) and \
-        catalog.lookup(opts.target).tokenizer_family == catalog.lookup(model).tokenizer_family
-    return TYPICAL_ACCEPTANCE if same else CROSS_TOKENIZER_ACCEPTANCE
+    known = model is not None and catalog.is_registered(opts.target) and catalog.is_registered(model)
+    other = known and catalog.lookup(opts.target).tokenizer_family != catalog.lookup(model).tokenizer_family
+    return CROSS_TOKENIZER_ACCEPTANCE if other else TYPICAL_ACCEPTANCE
 
 
 def auto_cost_key(opts: ModelOptions, model: str) -> str:
