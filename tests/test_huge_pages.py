@@ -4,6 +4,7 @@ bit-identical with and without them."""
 
 import ctypes
 import mmap
+import time
 
 import numpy as np
 import pytest
@@ -114,3 +115,17 @@ def test_memory_a_region_grew_by_is_found_and_only_that(monkeypatch):
     pages.stop()
     assert pages.regions == [(0x10_400_000, 0x10_c00_000), (0x20_000_000, 0x20_400_000), (0x40_000_000, 0x40_400_000),
                              (0x50_000_000, 0x52_000_000)]
+
+
+@needs_collapse
+def test_no_chunk_is_collapsed_while_paused_and_the_rest_after():
+    """--draft auto times the target right after its load (draft_timing.measure_costs): the collapse waits."""
+    raw, view, start, end = _buffer(32)  # 64 MiB: far more than is collapsed before the pause begins
+    view[:] = 3
+    pages = HugePages([(start, end)])
+    with huge_pages.paused(pages):
+        time.sleep(0.2)  # a chunk begun before the pause ends meanwhile
+        during = pages.collapsed
+        time.sleep(0.5)
+        assert pages.collapsed == during < pages.chunks
+    assert pages.wait(60) and pages.collapsed == pages.chunks == 32

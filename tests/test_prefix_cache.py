@@ -49,7 +49,7 @@ def _llama(path, rows=1, cache=0, draft=None, k=0):
 
 
 @pytest.mark.parametrize("budget", [None, 256])
-@pytest.mark.parametrize("length", [90, 300, 530, 700, 1100])
+@pytest.mark.parametrize("length", [90, 530, 1100])  # below a block, across n_batch (512), across two
 def test_llamacpp_cached_prefix_gives_the_cold_prefills_numbers(smol_path, length, budget):
     system = _tokens(length, 49000, seed=length)
     question = system + _tokens(int(RNG.integers(5, 90)), 49000, seed=length + 1)

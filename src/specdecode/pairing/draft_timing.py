@@ -31,9 +31,12 @@ LOOK_S = 0.2  # how long the machine's load is read before anything is timed
 MAX_ROUNDS = 6  # when some round's own figures decide otherwise, this many in all
 CONTEXT = 64  # tokens in the cache when a forward is timed, as a short prompt leaves it
 # A CPU's decoding step streams every weight once, so a draft step costs at least about its share of the bytes;
-# 0.8 of it leaves room for kernels that do better per byte. The default pair: 0.8 x 491 / 1117 MB = 0.35, where
-# its measured c was 0.57 on a 2-core EPYC, 0.49-0.61 on a busy 2-core Xeon.
-FLOOR_SHARE = 0.8
+# 0.9 of it leaves room for kernels that do better per byte. The default pair (a Q8_0 draft, the cheapest format
+# per byte, for a Q4_K_M target): 0.9 x 491 / 1117 MB = 0.40, where its measured c was 0.57 on a 2-core EPYC and
+# 0.49-0.61 on a 2-core Xeon (1.1-1.4 times the share). At 0.8 (0.35) a noisy reading of verification (1.57 steps
+# for 2 tokens where a quiet one reads 1.7-1.8) left the 0.5B a chance on that Xeon, so a first run loaded and timed
+# it (about 15 s) only to find c = 0.49 and not use it.
+FLOOR_SHARE = 0.9
 
 
 # ---------------------------------------------------------------------------------------------- the machine's load
@@ -144,6 +147,7 @@ def measure_costs(target, draft_model=None, floor: float | None = None, rounds: 
     TYPICAL_ACCEPTANCE), for the rounds' own decisions. verify: the target's v(n) timed just before (run_rounds)."""
     import torch
 
+    from ..backends import huge_pages
     from ..backends.base import pad
     from ..engine.generators import AutoregressiveGenerator, SpeculativeGenerator
 
@@ -172,8 +176,9 @@ def measure_costs(target, draft_model=None, floor: float | None = None, rounds: 
     try:
         decide = None if acceptance is None else (
             lambda measured: costs_from_measurement(measured).model_can_pay(acceptance=acceptance))
-        return run_rounds(make_timer, draft_model is not None, floor, rounds, max_rounds, decide=decide,
-                          verify=verify)
+        with huge_pages.paused(target, *([draft_model] if draft_model is not None else [])):
+            return run_rounds(make_timer, draft_model is not None, floor, rounds, max_rounds, decide=decide,
+                              verify=verify)
     finally:
         if "target" in backends:
             backends["target"].reset(0)
