@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=4)
     parser.add_argument("--temperatures", default="0,0.7")
     parser.add_argument("--drafts", default=",".join(DRAFTS))
+    parser.add_argument("--methods", default="slem,tli", help="the methods to run, of those a draft has")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     rows = args.prompts + 1
@@ -109,7 +110,7 @@ def main() -> None:
         entry = report["drafts"][name] = {"costs": costs, "runs": []}
         print(f"{name}: c = {costs['c']:.3f}, v(2) = {costs['v']['1']:.2f}, target step "
               f"{costs['target_step_ms']:.0f} ms", flush=True)
-        for method in DRAFTS[name]:
+        for method in [m for m in DRAFTS[name] if m in args.methods.split(",")]:
             for domain, prompts in sets.items():
                 for temperature in temperatures:
                     record = run(target, draft, method, prompts, args.k, temperature, args.new)

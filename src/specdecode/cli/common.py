@@ -165,9 +165,8 @@ def _another_tokenizer_line(opts, target, draft) -> None:
         check_same_tokenizer(theirs, mine)
     except VocabularyMismatchError:
         err.print(f"draft: {opts.draft_model} has another tokenizer than the target: it drafts through its text "
-                  f"(greedy rows: its text as the target's tokens; sampled rows: its distribution over the tokens "
-                  f"both share), exactly; -k auto decodes plainly where that cannot pay", markup=False,
-                  soft_wrap=True)
+                  f"(its new text as the target's tokens, SLEM), exactly; -k auto decodes plainly where that "
+                  f"cannot pay", markup=False, soft_wrap=True)
 
 
 def backend_name(loaded) -> str:
