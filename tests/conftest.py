@@ -60,32 +60,58 @@ ALONE_TESTS = {"test_qwen_invoice_walk_is_valid_and_fast",
                "test_invalid_arguments_fail_before_loading"}
 
 
+# ... of which these files' tests that take no model (arithmetic, a ring of keys) time nothing: they share the
+# cores, so the other worker is not drained before each of them (a drain waits for its running test to end).
+PURE_ALSO_SHARE = {"test_draft_auto.py", "test_advise.py", "test_ray_routing.py"}
+MODEL_FIXTURES = {"tiny_pair", "tokenizer", "tiny_model_dirs", "ray_url", "smol_path"}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         real = item.get_closest_marker("real_models") is not None
         group = "real-models" if real else SHARED_WORKER.get(item.path.name, item.path.name)
         item.add_marker(pytest.mark.xdist_group(group))
-        if item.path.name in ALONE_FILES or item.originalname in ALONE_TESTS:
+        pure = item.path.name in PURE_ALSO_SHARE and not MODEL_FIXTURES & set(item.fixturenames)
+        if (item.path.name in ALONE_FILES and not pure) or item.originalname in ALONE_TESTS:
             item.add_marker(pytest.mark.alone)
+
+
+_HELD_ALONE = []  # the cores lock's file while this worker keeps it exclusive from one `alone` test to the next
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    item.next_is_alone = nextitem is not None and nextitem.get_closest_marker("alone") is not None
 
 
 @pytest.fixture(autouse=True)
 def _share_the_cores(request, tmp_path_factory):
     """A shared lock for every test, an exclusive one for a test marked `alone`; the turnstile keeps a waiting
-    exclusive test from being starved by the other worker's stream of shared ones."""
+    exclusive test from being starved by the other worker's stream of shared ones. An exclusive lock is kept from
+    an `alone` test to the next one on this worker: taking it again would first wait for whatever test the other
+    worker started meanwhile (up to minutes), with this worker idle."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         yield
         return
-    root = tmp_path_factory.getbasetemp().parent
     alone = request.node.get_closest_marker("alone") is not None
-    with open(root / "turnstile.lock", "a") as turnstile, open(root / "cores.lock", "a") as cores:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        fcntl.flock(cores, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
+    keep = alone and getattr(request.node, "next_is_alone", False)
+    if alone and _HELD_ALONE:
+        cores = _HELD_ALONE.pop()
+    else:
+        root = tmp_path_factory.getbasetemp().parent
+        cores = open(root / "cores.lock", "a")
+        with open(root / "turnstile.lock", "a") as turnstile:
+            fcntl.flock(turnstile, fcntl.LOCK_EX)
+            fcntl.flock(cores, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        if keep:
+            _HELD_ALONE.append(cores)
+        else:
             fcntl.flock(cores, fcntl.LOCK_UN)
+            cores.close()
 
 
 CORPUS = [
