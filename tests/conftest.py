@@ -14,28 +14,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-
-def _session_cache() -> None:
-    """The suite's own SPECDECODE_CACHE: the user's prepared models, GGUFs and tokenizers (linked, so nothing is
-    prepared twice), but its own costs.json, so `--draft auto` decides as on a fresh machine (as in CI) and the
-    tiny models' timings never reach the user's record. A cache the caller set is kept."""
-    import atexit
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    if os.environ.get("SPECDECODE_CACHE"):
-        return
-    real = Path("~/.cache/specdecode").expanduser()
-    session = Path(tempfile.mkdtemp(prefix="specdecode-test-cache-"))
-    for name in ("gguf", "models", "tokenizers"):
-        (real / name).mkdir(parents=True, exist_ok=True)
-        (session / name).symlink_to(real / name, target_is_directory=True)
-    os.environ["SPECDECODE_CACHE"] = str(session)
-    atexit.register(shutil.rmtree, session, True)  # the links, not what they point to
-
-
-_session_cache()
 # Tiny models: one thread is fastest, and it keeps the suite fast when something else shares the two cores.
 torch.set_num_threads(int(os.environ.get("SPECDECODE_TEST_THREADS", "1")))
 if "PYTEST_XDIST_WORKER" in os.environ:

@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import os
 import threading
+import time
 from pathlib import Path
 
 HUGE_PAGE = 2 << 20
@@ -80,6 +81,7 @@ class HugePages:
         self._stop = threading.Event()
         self._go = threading.Event()  # cleared while paused()
         self._go.set()
+        self._held = threading.Event()  # set while the thread waits out a pause
         self._thread = None
         if self.regions:
             self._thread = threading.Thread(target=self._run, name="specdecode-huge-pages", daemon=True)
@@ -123,6 +125,19 @@ class HugePages:
     def resume(self) -> None:
         self._go.set()
 
+    def wait_held(self, timeout: float | None = None) -> bool:
+        """Whether the thread is held by a pause (or has ended), after waiting at most timeout seconds for it to
+        finish the chunk it was collapsing."""
+        if self._thread is None:
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._held.wait(0.05):
+            if not self._thread.is_alive():
+                return True
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+        return True
+
     def _run(self) -> None:
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # on Linux a thread's own niceness
@@ -135,7 +150,10 @@ class HugePages:
         pages = (ctypes.c_ubyte * (HUGE_PAGE // os.sysconf("SC_PAGE_SIZE")))()
         for low, high in self.regions:
             for chunk in range(low, high, HUGE_PAGE):
-                self._go.wait()
+                if not self._go.is_set():
+                    self._held.set()
+                    self._go.wait()
+                    self._held.clear()
                 if self._stop.is_set():
                     return
                 if mincore(chunk, HUGE_PAGE, pages) != 0 or not all(b & 1 for b in pages):
