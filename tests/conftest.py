@@ -13,7 +13,6 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 # Tiny models: one thread is fastest, and it keeps the suite fast when something else shares the two cores.
 torch.set_num_threads(int(os.environ.get("SPECDECODE_TEST_THREADS", "1")))
 if "PYTEST_XDIST_WORKER" in os.environ:
