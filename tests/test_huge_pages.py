@@ -16,13 +16,24 @@ from specdecode.backends.huge_pages import HUGE_PAGE, HugePages, huge_page_bytes
 from test_registry import write_tiny_gguf
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+PROT_NONE = 0  # <sys/mman.h>; the mmap module has only PROT_READ and PROT_WRITE
+
+
 def _buffer(chunks: int):
-    """An anonymous private mapping of `chunks` huge pages, huge-page aligned, as (numpy view, start, end)."""
-    raw = mmap.mmap(-1, (chunks + 1) * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    """An anonymous private mapping of `chunks` huge pages, huge-page aligned and a mapping of its own, as (mmap,
+    numpy view, start, end). Guard pages on both sides keep the kernel from merging it with a neighbouring mapping of
+    the same flags: smaps reports huge pages per mapping, and a merged one reaches outside [start, end)."""
+    size = (chunks + 2) * HUGE_PAGE
+    raw = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     base = ctypes.addressof(ctypes.c_char.from_buffer(raw))
-    start = -(-base // HUGE_PAGE) * HUGE_PAGE
-    view = np.frombuffer(raw, dtype=np.uint8)[start - base:start - base + chunks * HUGE_PAGE]
-    return raw, view, start, start + chunks * HUGE_PAGE
+    start = -(-(base + mmap.PAGESIZE) // HUGE_PAGE) * HUGE_PAGE
+    end = start + chunks * HUGE_PAGE
+    for low, high in ((base, start), (end, base + size)):
+        assert _libc.mprotect(low, high - low, PROT_NONE) == 0, ctypes.get_errno()
+    view = np.frombuffer(raw, dtype=np.uint8)[start - base:end - base]
+    return raw, view, start, end
 
 
 def _collapses() -> bool:
