@@ -57,8 +57,9 @@ def _llama(path, rows=1, cache=0, answers="off"):
     return gen
 
 
-@pytest.mark.parametrize("budget", [None, 256])
-@pytest.mark.parametrize("prompt, answer", [(100, 150), (450, 150)])  # the second crosses n_batch (512)
+# the prompt and answer of a turn below n_batch (512), prefilled in 256-token chunks, and one that crosses n_batch in
+# one prefill (the two other combinations repeated these: 76 s of the suite)
+@pytest.mark.parametrize("prompt, answer, budget", [(100, 150, 256), (450, 150, None)])
 def test_llamacpp_an_answer_prefilled_while_idle_is_lent_bit_for_bit(smol_path, budget, prompt, answer):
     system = _tokens(prompt, 49000, seed=prompt)
     warm, off, cold = _llama(smol_path, 2, 100_000, "prefill"), _llama(smol_path, 2, 100_000), _llama(smol_path)
