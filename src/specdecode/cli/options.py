@@ -24,6 +24,7 @@ from ..backends import backend_help
 from .console import FLAGS, CLIError, flag, user_errors  # noqa: F401  (CLIError, FLAGS: where callers have found them)
 from ..pairing.pair import DEFAULT_DRAFT, DEFAULT_TARGET, ModelOptions, parse_k, parse_k_list  # noqa: F401  (re-exported)
 from ..pairing.pair import AUTO_DRAFT, DEFAULT_SUFFIX_HISTORY_TOKENS  # noqa: F401  (AUTO_DRAFT: the commands' default)
+from ..pairing.pair import check_target_ahead
 from ..policy.speculation import AUTO
 
 PANEL = "Models and speculation"
@@ -108,6 +109,7 @@ def model_options(k_default: str = AUTO, k_list: bool = False, draft_default: st
     def build(values: dict) -> ModelOptions:
         opts = ModelOptions(**values)
         opts.k_values if k_list else opts.num_speculative_tokens  # noqa: B018  (Speculation.parse, early)
+        check_target_ahead(opts)  # the first use's checksum on the core the imports that follow leave idle
         return opts
 
     return functools.partial(_replace_parameter, name="opts", declared=declared, build=build)

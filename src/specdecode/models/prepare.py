@@ -52,25 +52,12 @@ from .convert import (  # noqa: F401  (PROBE_TEXT, save_hf_dir, verify_hf_dir: w
 )
 from .gguf_header import tokenizer_type_of
 
-__all__ = [
-    "PROBE_TEXT",
-    "ConversionError",
-    "ModelIntegrityError",
-    "PreparedGguf",
-    "Progress",
-    "convert_gguf_to_hf",
-    "gguf_tokenizer_dir",
-    "join_parts",
-    "mark_prepared",
-    "prepare_gguf",
-    "prepare_model",
-    "preparing_gguf",
-    "save_hf_dir",
-    "tokenizer_prepared",
-    "verify_hf_dir",
-]
+__all__ = ["PROBE_TEXT", "ConversionError", "ModelIntegrityError", "PreparedGguf", "Progress", "convert_gguf_to_hf",
+           "gguf_tokenizer_dir", "join_parts", "mark_prepared", "prepare_gguf", "prepare_model", "preparing_gguf",
+           "save_hf_dir", "tokenizer_prepared", "verify_hf_dir"]
 
 _CHUNK = 1 << 24
+CHECKS_AHEAD: dict[str, threading.Thread] = {}  # name -> the check check_ahead.py began (a thread)
 
 # progress(description, done, total); None (or a bool) reports nothing.
 Progress = Callable[[str, int, int], None]
@@ -286,6 +273,8 @@ def preparing_gguf(name: str, progress: ProgressArg = None) -> Iterator[Prepared
     ModelIntegrityError on the way out, with the joined copy and the tokenizer built from it deleted, so nothing
     unchecked is ever used after the block or by a later run. A checked file: the tokenizer's thread only."""
     info = lookup(name)
+    if (ahead := CHECKS_AHEAD.pop(info.name, None)) is not None:
+        ahead.join()  # check_ahead.py: the check began before the caller's imports
     checked = _checked_location(info)
     if checked is not None:
         with ThreadPoolExecutor(1, thread_name_prefix="specdecode-tokenizer") as pool:

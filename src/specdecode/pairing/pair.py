@@ -194,12 +194,27 @@ def compile_options(rows: int) -> dict:
 
 def load_target(opts: ModelOptions, rows: int = 1, progress=None):
     """The target, a LoadedModel. rows: rows decoded at once (llama.cpp builds that many sequences)."""
+    check_target_ahead(opts)  # before the imports below (torch, the backends: seconds of one core)
     from .loading import load_model
 
     return load_model(opts.target, device=opts.device, device_map=opts.device_map,
                       quantize=_quantization(opts, "quantize"), prepack=opts.prepack, progress=progress,
                       token_trees=opts.tree_width > 1 and opts.has_draft and opts.draft.lower() in (SUFFIX, AUTO_DRAFT),
                       **_shared(opts, rows))
+
+
+def check_target_ahead(opts: ModelOptions) -> None:
+    """A built-in target that will load on llama.cpp and was never checked: its GGUF joined and checked from now on
+    in a background thread (models/check_ahead.py), while the caller imports torch and the backends. Told without
+    importing them: loading.choose_backend's rule for a built-in model (llama.cpp where asked, or for "auto" on the
+    CPU where llama-cpp-python is installed)."""
+    import importlib.util
+
+    cpu = opts.device == "cpu" and opts.device_map is None
+    if cpu and (opts.backend == "llamacpp" or opts.backend == "auto" and importlib.util.find_spec("llama_cpp")):
+        from ..models.check_ahead import check_ahead
+
+        check_ahead(opts.target)
 
 
 def load_draft(opts: ModelOptions, rows: int = 1, progress=None):

@@ -1,0 +1,58 @@
+"""A built-in model's first check started before the caller's imports: joining its GGUF's parts and computing the
+sha256 (5 s of one core for the 1.5B on a 2-core CPU without SHA instructions) on the core that importing torch and
+the backends leaves idle (~5 s of the other), instead of beside llama.cpp's load and the tokenizer's extraction,
+which already keep both cores busy. preparing_gguf waits for it (prepare.wait_for_check_ahead) and then finds the
+file checked: nothing unchecked is used, the check is only earlier. Any failure here (sizes, a wrong file, an
+interrupted run) leaves the file unstamped, and preparing_gguf checks it again and says what is wrong."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import threading
+
+from . import catalog, prepare
+
+
+def check_ahead(name: str) -> bool:
+    """Join and check built-in model `name`'s GGUF in a background thread from now on; whether one started (not for
+    a name the catalog does not know, a file checked before, parts not installed, or one already started)."""
+    if not catalog.is_registered(name):
+        return False
+    info = catalog.lookup(name)
+    if info.name in prepare.CHECKS_AHEAD or catalog.missing_modules(info) or prepare._checked_location(info):
+        return False
+    check = Check(info)
+    prepare.CHECKS_AHEAD[info.name] = check
+    # a run that ends early (a bad argument, an interrupt) stops the checksum and waits for the copy (a second),
+    # which deletes its partial file: never a gigabyte left in the cache
+    atexit.register(check.stop_and_wait)
+    check.start()
+    return True
+
+
+class Check(threading.Thread):
+    """The background thread: under the model's lock, its size checked, its parts joined, its sha256 computed and,
+    where it is right and the check was not stopped, the file's stamp written."""
+
+    def __init__(self, info: catalog.ModelInfo):
+        super().__init__(name="specdecode-check-ahead", daemon=True)
+        self.info, self.stop = info, threading.Event()
+
+    def run(self) -> None:
+        info = self.info
+        with contextlib.suppress(Exception), prepare._conversion_lock(info.name):
+            if prepare._checked_location(info) is not None:
+                return  # another process checked it while this one waited
+            path = prepare._gguf_location(info)
+            prepare._check_size(info, path)
+            if len(info.parts) > 1:
+                prepare._copy_parts(info, path, None)
+            if not self.stop.is_set() and prepare._sha256(path, "", None, self.stop) == info.sha256 \
+                    and not self.stop.is_set():
+                prepare._write_stamp(info, path)
+
+    def stop_and_wait(self) -> None:
+        self.stop.set()
+        if self.is_alive():
+            self.join()
