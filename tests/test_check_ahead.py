@@ -1,5 +1,5 @@
 """A built-in model's first check begun before the caller's imports (models/check_ahead.py): the parts are joined and
-hashed once, in a background thread, and the load finds the file checked; a wrong file is still never kept nor
+hashed once, in a background thread, and the load runs while the checksum ends; a wrong file is still never kept nor
 anything built from it; an interrupted check leaves no partial file; the CLI begins it only where llama.cpp will
 load the model."""
 
@@ -42,6 +42,26 @@ def test_the_check_ahead_joins_and_hashes_once_and_the_load_finds_the_file_check
     assert not check_ahead.check_ahead("fake-gguf")  # checked: nothing to do
 
 
+def test_the_load_runs_while_the_check_begun_ahead_ends(split_model, monkeypatch):
+    info, data = split_model
+    began, sha256, hashed_in = threading.Event(), prepare._sha256, []
+
+    def after_the_body_began(*args, **kwargs):
+        hashed_in.append(threading.current_thread().name)
+        assert began.wait(10), "the load waited for the whole checksum"  # proves the two overlap
+        return sha256(*args, **kwargs)
+
+    monkeypatch.setattr(prepare, "_sha256", after_the_body_began)
+    assert check_ahead.check_ahead("fake-gguf")
+    with prepare.preparing_gguf("fake-gguf") as prepared:
+        assert prepared.path.read_bytes() == data  # whole: the copy came first
+        assert not prepare._stamp_matches(info, prepared.path)  # not recorded until it is checked
+        began.set()
+        tokenizer = prepared.tokenizer_dir()
+    assert prepare._stamp_matches(info, prepared.path) and (tokenizer / "tokenizer.json").is_file()
+    assert hashed_in == ["specdecode-check-ahead"]  # once, by the check begun ahead
+
+
 def test_a_wrong_file_checked_ahead_is_reported_by_the_load_and_never_kept(split_model):
     info, _ = split_model
     catalog.register(dataclasses.replace(info, sha256="0" * 64), replace=True)
@@ -70,6 +90,18 @@ def test_an_interrupted_check_ahead_leaves_no_partial_file_and_no_stamp(split_mo
     assert not list(catalog.gguf_cache_path("fake-gguf").parent.glob("*partial*"))
     monkeypatch.setattr(prepare, "_sha256", real)
     assert prepare.prepare_gguf("fake-gguf")[0].read_bytes() == data  # the next use checks it
+
+
+def test_a_load_that_fails_beside_a_check_begun_ahead_leaves_nothing_unchecked(split_model):
+    info, data = split_model
+    catalog.register(dataclasses.replace(info, sha256="0" * 64), replace=True)
+    assert check_ahead.check_ahead("fake-gguf")
+    with pytest.raises(prepare.ModelIntegrityError, match="sha256 mismatch") as raised:
+        with prepare.preparing_gguf("fake-gguf") as prepared:
+            prepared.tokenizer_dir()
+            raise RuntimeError("llama.cpp failed")  # a load failed by a corrupt file is reported as the corruption
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert not prepared.path.exists() and not catalog.tokenizer_path("fake-gguf").exists()
 
 
 def test_unknown_names_and_models_not_installed_are_left_alone(split_model, monkeypatch):

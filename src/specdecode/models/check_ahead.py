@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Iterator
 
 from . import catalog, prepare
 
@@ -38,21 +41,65 @@ class Check(threading.Thread):
     def __init__(self, info: catalog.ModelInfo):
         super().__init__(name="specdecode-check-ahead", daemon=True)
         self.info, self.stop = info, threading.Event()
+        self.joined = threading.Event()  # set once the file is in place (or the check has ended without it)
+        self.in_place = False  # the file is whole and its checksum under way or done
+        self.digest: str | None = None
 
     def run(self) -> None:
         info = self.info
-        with contextlib.suppress(Exception), prepare._conversion_lock(info.name):
-            if prepare._checked_location(info) is not None:
-                return  # another process checked it while this one waited
-            path = prepare._gguf_location(info)
-            prepare._check_size(info, path)
-            if len(info.parts) > 1:
-                prepare._copy_parts(info, path, None)
-            if not self.stop.is_set() and prepare._sha256(path, "", None, self.stop) == info.sha256 \
-                    and not self.stop.is_set():
-                prepare._write_stamp(info, path)
+        try:
+            with contextlib.suppress(Exception), prepare._conversion_lock(info.name):
+                if prepare._checked_location(info) is not None:
+                    return  # another process checked it while this one waited
+                path = prepare._gguf_location(info)
+                prepare._check_size(info, path)
+                if len(info.parts) > 1:
+                    prepare._copy_parts(info, path, None)
+                self.in_place = True
+                self.joined.set()
+                digest = prepare._sha256(path, "", None, self.stop)
+                if not self.stop.is_set():
+                    self.digest = digest
+                    if digest == info.sha256:
+                        prepare._write_stamp(info, path)
+        finally:
+            self.joined.set()
 
     def stop_and_wait(self) -> None:
         self.stop.set()
         if self.is_alive():
             self.join()
+
+
+@contextlib.contextmanager
+def loading_beside(check: Check) -> Iterator[prepare.PreparedGguf]:
+    """preparing_gguf beside a check begun ahead whose file is in place: the body loads it and the tokenizer is built
+    while the checksum ends, and leaving waits for both. As preparing_gguf's own check: a wrong file raises
+    ModelIntegrityError on the way out, with the joined copy and the tokenizer built from it deleted."""
+    info = check.info
+    path = prepare._gguf_location(info)
+    built = not prepare.tokenizer_prepared(info)
+    with ThreadPoolExecutor(1, thread_name_prefix="specdecode-tokenizer") as pool:
+        tokenizer = pool.submit(prepare._tokenizer_locked, info, path)  # the check holds the lock meanwhile
+        try:
+            yield prepare.PreparedGguf(path, tokenizer)
+        except BaseException as failure:
+            if not isinstance(failure, Exception):
+                check.stop.set()
+            wait([tokenizer])
+            check.join()
+            if not prepare._stamp_matches(info, path):
+                _forget_tokenizer(info, built)
+                if check.digest is not None:
+                    raise prepare._mismatch(info, path, check.digest) from failure
+            raise
+        wait([tokenizer])
+    check.join()
+    if not prepare._stamp_matches(info, path):
+        _forget_tokenizer(info, built)
+        raise prepare._mismatch(info, path, check.digest or "no checksum (the check ended early)")
+
+
+def _forget_tokenizer(info: catalog.ModelInfo, built: bool) -> None:
+    if built:
+        shutil.rmtree(catalog.tokenizer_path(info.name), ignore_errors=True)

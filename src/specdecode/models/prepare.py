@@ -273,8 +273,12 @@ def preparing_gguf(name: str, progress: ProgressArg = None) -> Iterator[Prepared
     ModelIntegrityError on the way out, with the joined copy and the tokenizer built from it deleted, so nothing
     unchecked is ever used after the block or by a later run. A checked file: the tokenizer's thread only."""
     info = lookup(name)
-    if (ahead := CHECKS_AHEAD.pop(info.name, None)) is not None:
-        ahead.join()  # check_ahead.py: the check began before the caller's imports
+    if (ahead := CHECKS_AHEAD.pop(info.name, None)) is not None and ahead.joined.wait() and ahead.in_place:
+        from .check_ahead import loading_beside  # the check began before the caller's imports
+
+        with loading_beside(ahead) as prepared:
+            yield prepared
+        return
     checked = _checked_location(info)
     if checked is not None:
         with ThreadPoolExecutor(1, thread_name_prefix="specdecode-tokenizer") as pool:
