@@ -23,7 +23,7 @@ import tempfile
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Callable, Iterator, Union
+from typing import Callable, ContextManager, Iterator, Protocol, Union
 
 from .catalog import (
     MARKER_FILE,
@@ -57,7 +57,17 @@ __all__ = ["PROBE_TEXT", "ConversionError", "ModelIntegrityError", "PreparedGguf
            "save_hf_dir", "tokenizer_prepared", "verify_hf_dir"]
 
 _CHUNK = 1 << 24
-CHECKS_AHEAD: dict[str, threading.Thread] = {}  # name -> the check check_ahead.py began (a thread)
+
+
+class CheckBegunAhead(Protocol):
+    """check_ahead.py's check: `joined` set once the file is whole (in_place) or it ended; loading() is beside it"""
+    joined: threading.Event
+    in_place: bool
+
+    def loading(self) -> ContextManager[PreparedGguf]: ...
+
+
+CHECKS_AHEAD: dict[str, CheckBegunAhead] = {}  # by model name
 
 # progress(description, done, total); None (or a bool) reports nothing.
 Progress = Callable[[str, int, int], None]
@@ -76,8 +86,7 @@ def _silent(description: str, done: int, total: int) -> None:
     pass
 
 
-# ---------------------------------------------------------------------------------------------
-# Markers
+# ------------------------------------------------------------------------------------- Markers
 
 
 def _versions(info: ModelInfo) -> dict:
@@ -128,8 +137,7 @@ def mark_prepared(name: str) -> Path:
     return directory
 
 
-# ---------------------------------------------------------------------------------------------
-# Joining parts
+# ------------------------------------------------------------------------------- Joining parts
 
 
 def join_parts(info: ModelInfo, dest: Path, progress: ProgressArg = None) -> Path:
@@ -170,8 +178,7 @@ def join_parts(info: ModelInfo, dest: Path, progress: ProgressArg = None) -> Pat
     return dest
 
 
-# ---------------------------------------------------------------------------------------------
-# Preparing the cache
+# ------------------------------------------------------------------------- Preparing the cache
 
 
 @contextlib.contextmanager
@@ -232,8 +239,7 @@ def prepare_model(name: str, progress: ProgressArg = None) -> Path:
     return target
 
 
-# ---------------------------------------------------------------------------------------------
-# The GGUF itself, for llama.cpp (no float conversion)
+# ---------------------------------------- The GGUF itself, for llama.cpp (no float conversion)
 
 GGUF_STAMP_FORMAT = 1
 
@@ -274,9 +280,7 @@ def preparing_gguf(name: str, progress: ProgressArg = None) -> Iterator[Prepared
     unchecked is ever used after the block or by a later run. A checked file: the tokenizer's thread only."""
     info = lookup(name)
     if (ahead := CHECKS_AHEAD.pop(info.name, None)) is not None and ahead.joined.wait() and ahead.in_place:
-        from .check_ahead import loading_beside  # the check began before the caller's imports
-
-        with loading_beside(ahead) as prepared:
+        with ahead.loading() as prepared:  # the check began before the caller's imports
             yield prepared
         return
     checked = _checked_location(info)
