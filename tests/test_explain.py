@@ -20,7 +20,8 @@ from test_server_helpers import MODEL, LiveServer, make_generator, metric, metri
 
 PROMPT = "def quicksort(arr):"
 LINE = re.compile(r"^(plain decoding on \d+ of \d+ steps( \(\d+ probes?\))?|speculating on \d+ of \d+ steps \(mean K [\d.]+\)|"
-                  r"fixed K=\d+ on \d+ steps): draft step [\d.]+ of a target step( \(not yet timed\))?, "
+                  r"fixed K=\d+ on \d+ steps)(; no draft can pay at these costs even if all were kept, so nothing is "
+                  r"drafted or probed)?: draft step [\d.]+ of a target step( \(not yet timed\))?, "
                   r"verifying \d+ tokens [\d.]+ steps( \(not yet timed\))?; at the measured \d+ % acceptance"
                   r"( \(\d+ drafts? so far\))? K=\d+ (gives|would give) [\d.]+×")
 
