@@ -2,8 +2,9 @@
 sha256 (5 s of one core for the 1.5B on a 2-core CPU without SHA instructions) on the core that importing torch and
 the backends leaves idle (~5 s of the other), instead of beside llama.cpp's load and the tokenizer's extraction,
 which already keep both cores busy. preparing_gguf finds it in prepare.CHECKS_AHEAD, waits for the file to be
-whole, and loads it while the checksum ends (loading_beside): nothing unchecked is used, the check is only earlier. Any failure here (sizes, a wrong file, an
-interrupted run) leaves the file unstamped, and preparing_gguf checks it again and says what is wrong."""
+whole, and loads it while the checksum ends (loading_beside): nothing unchecked is used, the check is only earlier.
+Any failure here (sizes, a wrong file, an interrupted run) leaves the file unstamped, and preparing_gguf checks it
+again and says what is wrong."""
 
 from __future__ import annotations
 
