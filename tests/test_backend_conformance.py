@@ -235,3 +235,21 @@ def test_the_package_declares_its_backends_without_importing_them():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "['transformers', 'llamacpp', 'static']"
+
+
+def test_auto_imports_only_the_backends_that_can_claim_a_model(tmp_path):
+    """A GGUF on the CPU is llama.cpp's: choosing it must not import transformers' backend (2 s of one core that
+    a first run's llama.cpp load would wait for); a model no backend claims still falls back to transformers."""
+    import subprocess
+    import sys
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    code = ("import sys; from specdecode.pairing.loading import choose_backend; "
+            "from specdecode.models.sources import LoadOptions; "
+            f"entry = choose_backend({str(gguf)!r}, 'auto', LoadOptions()); "
+            "print(entry.name, 'specdecode.backends.hf' in sys.modules, 'specdecode.backends.static' in sys.modules); "
+            f"print(choose_backend({str(tmp_path)!r}, 'auto', LoadOptions()).name)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["llamacpp False False", "transformers"]

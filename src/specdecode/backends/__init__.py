@@ -77,7 +77,7 @@ def register_backend(name: str, load: Callable, *, help: str, claims: Callable |
 def backend_help() -> dict[str, str]:
     """name -> one line of help, for every backend of this package and every one registered since, importing
     none of them."""
-    return {**{name: help for name, (_, help) in _declared().items()},
+    return {**{name: help for name, (_, help, _) in _declared().items()},
             **{name: entry.help for name, entry in _registered.items()}}
 
 
@@ -95,9 +95,18 @@ def registered_backends() -> list[BackendEntry]:
     return [get_backend(name) for name in backend_help()]
 
 
+def claiming_backends() -> list[BackendEntry]:
+    """The backends that may claim a model for "auto" (registered with `claims=`), in backend_help()'s order,
+    importing only their modules: a backend that claims nothing is only ever named or the fallback, and importing
+    transformers' (2 s of one core) before llama.cpp's load would keep that load waiting for it."""
+    declared = _declared()
+    names = [name for name in backend_help() if name in _registered or declared[name][2]]
+    return [entry for entry in map(get_backend, names) if entry.claims is not None]
+
+
 @functools.lru_cache(maxsize=None)
-def _declared() -> dict[str, tuple[str, str]]:
-    """name -> (module, help) of each `register_backend("name", ..., help="...")` call at the top level of this
+def _declared() -> dict[str, tuple[str, str, bool]]:
+    """name -> (module, help, whether it passes claims=) of each `register_backend("name", ..., help="...")` call at the top level of this
     package's modules, read from their source without running them (name and help must be string literals)."""
     found = {}
     for module in pkgutil.iter_modules(__path__):
@@ -108,5 +117,6 @@ def _declared() -> dict[str, tuple[str, str]]:
             call = node.value if isinstance(node, ast.Expr) else None
             if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "register_backend":
                 help = next(k.value for k in call.keywords if k.arg == "help")
-                found[ast.literal_eval(call.args[0])] = (module.name, ast.literal_eval(help))
+                claims = any(k.arg == "claims" for k in call.keywords)
+                found[ast.literal_eval(call.args[0])] = (module.name, ast.literal_eval(help), claims)
     return found

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backends import backend_help, get_backend, registered_backends
+from ..backends import backend_help, claiming_backends, get_backend
 from ..errors import OptionError
 from ..models import catalog
 from ..models.prepare import Progress, _gguf_location, _stamp_matches, prepare_gguf, prepare_model, tokenizer_prepared
@@ -44,8 +44,8 @@ def choose_backend(source, backend: str, options: LoadOptions):
     check_backend(backend)
     if backend != AUTO_BACKEND:
         return get_backend(backend)
-    for entry in registered_backends():
-        if entry.claims is not None and entry.available() and entry.claims(source, options):
+    for entry in claiming_backends():
+        if entry.available() and entry.claims(source, options):
             return entry
     return get_backend(DEFAULT_BACKEND)
 
