@@ -186,6 +186,60 @@ def test_the_first_output_and_the_policy_line_name_the_choice(costs_file, tiny_m
     assert result.exit_code == 0 and "draft: suffix (--draft auto: the draft model" in text and "c = 0.57" in text
 
 
+def test_a_first_generate_does_not_wait_for_the_timing_and_the_next_run_times(costs_file, monkeypatch):
+    """A one-off run (first_run_waits=False, as `generate` asks) with nothing recorded drafts for free at once and
+    leaves the timing to the next run, which times and records it; a GPU never waits; the record clears the mark."""
+    pair, _ = _auto(monkeypatch)
+    timings = []
+    monkeypatch.setattr(pair, "measure_auto_costs", lambda *a, **k: timings.append(1) or (EPYC, None))
+    opts = pair.ModelOptions()
+    choice, model = pair.resolve_auto_draft(opts, _CpuTarget(), first_run_waits=False)
+    assert (choice.draft, model, timings, opts.draft) == ("suffix", None, [], "suffix")
+    assert "not timed on this machine yet" in choice.line() and "the next run times it" in choice.line()
+    key = pair.auto_cost_key(opts, "tiny-draft")
+    assert draft_choice.load_costs(key) is None and key in draft_choice._records()[draft_choice.UNTIMED]
+    choice, _ = pair.resolve_auto_draft(pair.ModelOptions(), _CpuTarget(), first_run_waits=False)
+    assert timings == [1] and "c = 0.57" in choice.reason  # the second run timed it, and recorded it
+    assert draft_choice.load_costs(key) == EPYC and key not in draft_choice._records()[draft_choice.UNTIMED]
+    pair.resolve_auto_draft(pair.ModelOptions(), _CpuTarget(), first_run_waits=False)
+    assert timings == [1]  # the record decides from now on
+    gpu = type("target", (), {"device": type("device", (), {"type": "cuda"})()})()
+    monkeypatch.setattr(pair, "load_draft_model", lambda *a, **k: "MODEL")
+    costs_file.unlink()
+    assert pair.resolve_auto_draft(pair.ModelOptions(), gpu, first_run_waits=False)[0].draft == "suffix+tiny-draft"
+
+
+def test_a_first_run_that_cannot_mark_times_at_once(costs_file, monkeypatch):
+    """Where the cache cannot be written no later run would ever time: every run times (as before)."""
+    pair, _ = _auto(monkeypatch)
+    monkeypatch.setattr(pair, "measure_auto_costs", lambda *a, **k: (EPYC, None))
+    monkeypatch.setattr(draft_choice, "_write_records", lambda records: False)
+    choice, _ = pair.resolve_auto_draft(pair.ModelOptions(), _CpuTarget(), first_run_waits=False)
+    assert "c = 0.57" in choice.reason
+
+
+def test_generate_leaves_the_timing_to_the_next_run_and_serve_times_at_once(costs_file, tiny_model_dirs,
+                                                                            monkeypatch):
+    from specdecode.cli import common
+
+    pair, _ = _auto(monkeypatch, tiny_model_dirs["draft"])
+    waits = []
+    real = pair.resolve_auto_draft
+    monkeypatch.setattr(pair, "resolve_auto_draft",
+                        lambda *a, first_run_waits=True, **k: waits.append(first_run_waits) or real(
+                            *a, first_run_waits=first_run_waits, **k))
+    monkeypatch.setattr(pair, "measure_auto_costs", lambda *a, **k: (EPYC, None))
+    from specdecode.cli.app import app
+
+    result = CliRunner().invoke(app, ["generate", "def f(x):", "-n", "4", "--target", tiny_model_dirs["target"],
+                                      "--threads", "1"])
+    text = result.output + (result.stderr if result.stderr_bytes is not None else "")
+    assert result.exit_code == 0, text
+    assert waits == [False] and "draft: suffix (--draft auto: not timed on this machine yet" in text
+    common.load_pair(pair.ModelOptions(target=tiny_model_dirs["target"], threads=1), quiet=True)  # serve's call
+    assert waits == [False, True]
+
+
 # ---------------------------------------------------------------------------------------------- settling
 def _observe_costs(policy, c=0.57, verify=None, model=True):
     """Two timed plain steps and two timed K=1 and K=2 steps at these costs (seconds = target steps), from a draft

@@ -103,12 +103,14 @@ def quiet_transformers() -> None:
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 
 
-def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] = None, rows: int = 1):
+def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] = None, rows: int = 1,
+              first_run_waits: bool = True):
     """specdecode.pairing.pair.load_pair with the CLI's display: (target, draft or None).
 
     A spinner shows on a terminal while each model loads, with a bar for preparing a built-in model; announce
     (default: on a terminal) prints the backend each model runs on. quiet: neither, and no progress either.
-    rows: rows decoded at once (a server's --max-batch-size).
+    rows: rows decoded at once (a server's --max-batch-size). first_run_waits: resolve_auto_draft's (False for
+    `generate`: a first run does not wait for timing --draft auto's model; the next one times it).
     """
     from ..pairing.pair import (LOOKUP_DRAFTS, check_options, draft_prepared_alongside, load_draft, load_draft_model,
                         load_target, resolve_auto_draft, with_suffix)
@@ -130,7 +132,8 @@ def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] 
         _warm_up_line("target", target)
     with prepare_progress(not quiet) as progress:
         choice, model = resolve_auto_draft(opts, target, rows, progress, measuring=lambda: status(
-            "--draft auto: timing whether a draft model can pay here, once on this machine"))
+            "--draft auto: timing whether a draft model can pay here, once on this machine"),
+            first_run_waits=first_run_waits)
     if choice is not None and not quiet:  # the first output names what auto chose, and why
         err.print(f"draft: {choice.line()}", markup=False, soft_wrap=True)
     if model is not None:

@@ -151,7 +151,7 @@ def generate(
                                             logprobs=logprobs, **structure)  # checked here, before any model loads
         prompts = read_prompts(prompt, prompts_file)
         target_model, draft_model = load_pair(opts, quiet=json_out and not err.is_terminal,
-                                              announce=verbose or None)
+                                              announce=verbose or None, first_run_waits=False)
         gen = generator_of(opts, target_model, draft_model)
         inputs = [chat_ids(gen.tokenizer, p) for p in prompts] if chat else prompts
         live = stream and not json_out

@@ -44,6 +44,7 @@ CROSS_TOKENIZER_ACCEPTANCE = 0.7
 # well below; on 2 cores it is one other busy thread at half speed, enough to stall llama.cpp's threads at every
 # operation (they wait for each other).
 BUSY = 0.25
+UNTIMED = "timed later"  # costs.json's entry of the keys a first run left to the next (timed_later)
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,14 @@ def choose_draft(model: str | None, costs: DraftCosts | None, on_gpu: bool = Fal
                                     f"drafts pay here and the model is not loaded{when}", costs)
 
 
+def untimed_choice(model: str) -> DraftChoice:
+    """A first run's choice on a CPU where the model's costs are not recorded yet and the run does not wait to time
+    them (timed_later marks them for the next run)."""
+    return DraftChoice(FREE, model, f"not timed on this machine yet: a first run drafts for free rather than wait "
+                                    f"for timing whether the draft model {model} can pay here; the next run times it "
+                                    f"once (`specdecode advise` does it now)")
+
+
 # ----------------------------------------------------------------------------------------------- the record
 def machine_name() -> str:
     """The CPU's model name (as lscpu says it) and its core count."""
@@ -206,13 +215,9 @@ def recorded_target_costs(target: str, draft: str | None, backend: str,
     """The costs recorded on this machine for `target` run this way, whatever draft they were recorded with (v(n)
     is the target's own), and whether they are `draft`'s (only then is their c this draft's): its entry where
     there is one, else the latest sure one. None when none is recorded."""
-    try:
-        records = json.loads(costs_path().read_text())
-    except (OSError, ValueError):
-        return None
     head = cost_key(target, "", backend, threads, None).split(" -> ")[0] + " -> "
     found = []
-    for key, data in records.items() if isinstance(records, dict) else ():
+    for key, data in _records().items():
         if not key.startswith(head):
             continue
         try:
@@ -227,18 +232,45 @@ def recorded_target_costs(target: str, draft: str | None, backend: str,
     return costs, same
 
 
-def save_costs(key: str, costs: DraftCosts) -> None:
-    """Record costs under key (other keys kept); a cache that cannot be written only means measuring again."""
+def timed_later(key: str) -> bool:
+    """Marks key's costs as left to a later run, and says whether they were marked already (a run before this one
+    left them: this one times them). Where the cache cannot be written every run is a first one: they are timed."""
+    records = _records()
+    later = records.get(UNTIMED, {})
+    if not isinstance(later, dict) or key in later:
+        return True
+    records[UNTIMED] = {**later, key: datetime.date.today().isoformat()}
+    return not _write_records(records)
+
+
+def _records() -> dict:
+    try:
+        records = json.loads(costs_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return records if isinstance(records, dict) else {}
+
+
+def _write_records(records: dict) -> bool:
     path = costs_path()
     try:
-        records = json.loads(path.read_text()) if path.exists() else {}
-        records[key] = costs.to_dict()
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         temporary.write_text(json.dumps(records, indent=1))
         os.replace(temporary, path)
+        return True
     except (OSError, ValueError):
-        pass
+        return False
+
+
+def save_costs(key: str, costs: DraftCosts) -> None:
+    """Record costs under key (other keys kept); a cache that cannot be written only means measuring again."""
+    records = _records()
+    records[key] = costs.to_dict()
+    later = records.get(UNTIMED)
+    if isinstance(later, dict):
+        later.pop(key, None)
+    _write_records(records)
 
 
 def costs_from_measurement(measured: dict, draft_step_floor: bool = False) -> DraftCosts:

@@ -311,15 +311,18 @@ def auto_cost_key(opts: ModelOptions, model: str) -> str:
     return cost_key(opts.target, model, opts.backend, opts.threads, opts.draft_quantize)
 
 
-def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None, measuring=None):
+def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None, measuring=None,
+                       first_run_waits: bool = True):
     """--draft auto, decided after the target's load: (DraftChoice or None when the draft was explicit, the draft
     model if one was loaded for the choice, else None). Sets opts.draft to the choice and opts.draft_choice.
 
     On a CPU the choice rests on the draft model's costs on this machine (draft_choice.py): recorded ones, or,
     the first time, measured (measure_auto_costs); a measurement taken on a busy machine decides that run only
     and is not recorded. On a GPU the model is chosen without measuring. measuring: a context manager factory
-    the CLI shows a status with."""
-    from .draft_choice import choose_draft, load_costs, save_costs
+    the CLI shows a status with. first_run_waits False (a one-off `generate`, a user's first contact): where
+    nothing is recorded yet and no run before left the timing to this one, the free draft without timing, and the
+    next run times (draft_choice.timed_later)."""
+    from .draft_choice import choose_draft, load_costs, save_costs, timed_later, untimed_choice
 
     if not opts.draft_is_auto:
         return None, None
@@ -329,6 +332,10 @@ def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None,
     if model_name is not None and not on_gpu:
         key = auto_cost_key(opts, model_name)
         costs = load_costs(key)
+        if costs is None and not first_run_waits and not timed_later(key):
+            choice = untimed_choice(model_name)
+            opts.draft, opts.draft_choice = choice.draft, choice
+            return choice, None
         if costs is None:
             with (measuring or contextlib.nullcontext)():
                 costs, model = measure_auto_costs(opts, target, model_name, rows, progress)
