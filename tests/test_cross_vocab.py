@@ -449,3 +449,30 @@ def test_advise_reports_a_draft_of_another_tokenizer(pair):
     model = next(d for d in report["drafters"] if d["name"] == "model")
     assert model["proposed_per_position"][0] > 0 and report["costs"]["draft"]["step"] > 0
     assert f"at {CROSS_TOKENIZER_ACCEPTANCE:.0%} of drafts kept" in report["draft_auto"]["text"]
+
+
+def test_a_draft_of_another_tokenizer_lets_the_policy_settle_where_it_cannot_pay(pair):
+    """Every draft it proposes costs the draft model's forwards, so where no K could pay even with every draft kept
+    the policy settles and the loop asks it nothing (as for a same-tokenizer draft model); greedy stays plain's."""
+    from specdecode.drafters import PromptLookupDrafter as Lookup
+
+    target, draft = pair
+    prompt = target.tokenizer.encode(PROMPT_TEXT)
+    gen = SpeculativeGenerator(target, CrossVocabDrafter(draft, target.tokenizer), num_speculative_tokens="auto")
+    assert gen.drafter.drafts_from_model and not Lookup().drafts_from_model
+    rows = [gen.policy.new_row()]
+    for _ in range(2):  # timed at a 2-core CPU's costs: c = 0.57, v(2) = 1.62, v(3) = 2.14 target steps
+        gen.policy.choose(rows, [8])
+        gen.policy.observe(rows, 0, [0], 1, None, 1.0)
+        for k, verify in ((1, 1.62), (2, 2.14)):
+            gen.policy.choose(rows, [8])
+            gen.policy.observe(rows, k, [k], 1, k * 0.57, verify)
+    calls = []
+    for name in ("outlook", "propose"):
+        original = getattr(gen.drafter, name)
+        setattr(gen.drafter, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k))
+    result = gen.generate([prompt], max_new_tokens=16, temperature=0, ignore_eos=True)
+    # it settles at the first step's choice (after the step's one outlook), then nothing more is asked
+    assert gen.policy.settled and calls in ([], ["outlook"]) and result.stats.proposed_tokens == 0
+    assert result.token_ids == AutoregressiveGenerator(target).generate(
+        [prompt], max_new_tokens=16, temperature=0, ignore_eos=True).token_ids

@@ -161,11 +161,14 @@ def match_class(length: int) -> int:
 
 
 class Drafter:
-    """The drafter contract: four verbs (outlook, propose, observe, relayout) and three declarations."""
+    """The drafter contract: four verbs (outlook, propose, observe, relayout) and four declarations."""
 
     max_rows: int | None = None  # rows its cache can hold (None: no limit)
     needs_hidden_states: bool = False  # True: the loop hands the target's last hidden states to observe/relayout
     model_tokenizer = None  # the tokenizer of a model it was built from, if known (the generator checks the target's)
+    # every draft costs a model's forwards (none is a free copy): only such a drafter lets the policy settle, i.e.
+    # stop drafting where no K could pay even with every draft kept (policy/choose.py)
+    drafts_from_model: bool = False
 
     def outlook(self, rows: DraftRows) -> DraftOutlook:
         """Per row, how many drafts it can really propose this step (prompt lookup: its match's length; at most

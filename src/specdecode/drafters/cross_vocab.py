@@ -90,6 +90,7 @@ class CrossVocabDrafter(Drafter):
     "tli"."""
 
     catch_up_window = 32
+    drafts_from_model = True
 
     def __init__(self, model, target_tokenizer, method: str = "auto"):
         if method not in METHODS:

@@ -52,6 +52,7 @@ class ModelDrafter(Drafter):
     """
 
     catch_up_window = 32
+    drafts_from_model = True
 
     def __init__(self, backend: ModelBackend, tree_width: int = 1):
         if isinstance(tree_width, bool) or not isinstance(tree_width, int) or not 1 <= tree_width <= 16:

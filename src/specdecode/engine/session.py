@@ -27,7 +27,7 @@ from .admission import Admission
 from ..backends.base import capabilities, logits_and_hidden
 from ..backends.rows import RowChange
 from ..text.detokenize import IncrementalDetokenizer, find_stop
-from ..drafters import DraftChoice, DraftContext, DraftOutcome, DraftOutlook, DraftRows, ModelDrafter, Proposal
+from ..drafters import DraftChoice, DraftContext, DraftOutcome, DraftOutlook, DraftRows, Proposal
 from ..policy.choose import Outcome, Outlook
 from ..exact.rejection import accept_greedy_lists
 from .layout import RowLayout
@@ -95,7 +95,7 @@ class DecodingSession:
         self.prefix_cache = None if self.hidden_wanted else gen.prefix_cache
         self.trees = caps.trees and not self.hidden_wanted
         # only drafts that all cost a model forward may settle the policy (policy.py, Settling)
-        self.policy.model_drafts = isinstance(self.drafter, ModelDrafter)
+        self.policy.model_drafts = self.drafter is not None and self.drafter.drafts_from_model
         max_k = self.policy.max_k
         self.stats = Stats(num_speculative_tokens=max_k, accepted_per_position=[0] * max_k,
                            proposed_per_position=[0] * max_k, policy="auto" if self.policy.adaptive else "fixed")
