@@ -43,10 +43,11 @@ PURE_ALSO_SHARE = {"test_draft_auto.py", "test_advise.py", "test_ray_routing.py"
 MODEL_FIXTURES = {"tiny_pair", "tokenizer", "tiny_model_dirs", "ray_url", "smol_path"}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    # NB: these xdist_group marks do not keep a file's tests on one worker today: seen 2026-11-29, one file's tests
-    # ran on both workers (`-v` names the worker), with this hook tryfirst too (so not only the order of the hooks);
-    # the nodeids carry no group. Every test is scheduled on its own until that is found and the suite timed again.
+    # tryfirst: xdist's worker hook turns each item's xdist_group mark into its nodeid's "@group" suffix (how
+    # --dist loadgroup tells the groups), so the marks must be there before it runs. pytest 9.2 keeps the nodeid
+    # elsewhere than that hook writes it (xdist 3.8), which dropped every group: pyproject pins pytest below 9.2.
     for item in items:
         real = item.get_closest_marker("real_models") is not None
         group = "real-models" if real else SHARED_WORKER.get(item.path.name, item.path.name)
