@@ -25,8 +25,8 @@ from specdecode.drafters import CrossVocabDrafter, ModelDrafter
 from specdecode.text.chat import encode_chat
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
-DRAFTS = {"qwen2.5-coder-0.5b-instruct": ["same"], "smollm2-135m-instruct": ["slem", "tli"],
-          "gemma-3-270m": ["slem", "tli"]}
+DRAFTS = {"qwen2.5-coder-0.5b-instruct": ["same"], "smollm2-135m-instruct": ["slem", "tli", "auto"],
+          "gemma-3-270m": ["slem", "tli", "auto"]}
 
 
 def drafter(draft, target, method: str):

@@ -192,7 +192,8 @@ def _random_k(monkeypatch, seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method, k, rejection", [("slem", 3, "leviathan"), ("tli", 2, "chen")])
+@pytest.mark.parametrize("method, k, rejection", [("slem", 3, "leviathan"), ("tli", 2, "chen"),
+                                                   ("auto", 3, "leviathan")])
 def test_drafts_of_another_tokenizer_follow_the_targets_distribution(pair, method, k, rejection):
     target, draft = pair
     gen = SpeculativeGenerator(target, CrossVocabDrafter(draft, target.tokenizer, method), num_speculative_tokens=k,
@@ -341,6 +342,48 @@ def test_tli_keeps_fewer_of_them(script_pair):
     """TLI drafts the draft's distribution over the shared tokens: its tokens are the draft's tokenization of the
     text, not the target's, so few are kept where the two tokenize differently (22 % here)."""
     assert 0.1 < script_acceptance(script_pair, "tli") < script_acceptance(script_pair)
+
+
+def test_auto_explores_both_methods_then_keeps_to_the_one_that_kept_more(script_pair):
+    """On the script SLEM keeps nearly every draft and TLI few: "auto" tries both for each row, then drafts by SLEM
+    (its acceptance near SLEM's, well above TLI's), and its rows' records say what each method kept."""
+    from specdecode.drafters.cross_vocab import EXPLORE
+
+    target, draft, script = script_pair
+    drafter = CrossVocabDrafter(draft, target.tokenizer, "auto")
+    assert drafter.bridge.tli_possible
+    prompts = [script[:n] for n in (3, 8, 13, 21)]
+    gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=4)
+    session = gen.session()
+    rows = [session.add(gen.request(p, max_new_tokens=40, temperature=0.0, ignore_eos=True)) for p in prompts]
+    records = []
+    while not session.idle:
+        session.step()
+        records = [r.methods for r in drafter._rows.values()] or records
+    result = session.result(rows)
+    assert [p + r for p, r in zip(prompts, result.token_ids)] == [script[:len(p) + 40] for p in prompts]
+    assert all(r.tried["tli"] >= EXPLORE and r.tried["slem"] > 2 * r.tried["tli"] for r in records)
+    assert all(r.share("slem") > r.share("tli") for r in records)
+    assert 0 < drafter.counts["tli_rows"] < drafter.counts["slem_rows"] / 2
+    assert result.stats.acceptance_rate > script_acceptance(script_pair, "tli") + 0.2
+
+
+def test_the_method_record_explores_compares_and_revisits():
+    from specdecode.drafters.cross_vocab import EXPLORE, REVISIT, MethodRecord
+
+    record = MethodRecord()
+    assert record.choose() == "slem"
+    record.record("slem", 1, EXPLORE)  # SLEM keeps 1 in 8
+    assert record.choose() == "tli"
+    record.record("tli", 6, EXPLORE)  # TLI keeps 6 in 8: the row drafts by TLI from now on
+    assert record.choose() == "tli" and record.share("tli") > record.share("slem")
+    for _ in range((REVISIT - EXPLORE) // 4 - 1):  # SLEM last used EXPLORE drafts ago
+        record.record("tli", 3, 4)
+    assert record.choose() == "tli"
+    record.record("tli", 3, 4)
+    assert record.since["slem"] >= REVISIT and record.choose() == "slem"  # tried again: the text may have turned
+    record.record("slem", 4, 4)  # and now SLEM keeps everything (its old record is stale): SLEM again
+    assert record.share("slem") > record.share("tli") and record.choose() == "slem"
 
 
 def _read_window_naively(target, tail_text, new):

@@ -19,16 +19,18 @@ step's first forward), then drafts, per row, by one of two methods:
   target's p (DraftContext), sampled with the row's uniforms (coupled rows: its Gumbel noise), handed over as q.
   The standard rejection rule then keeps the output exact. A draft drawn there is a draft token too, fed next.
 
-method "auto" (the default) drafts every row by SLEM: measured on the real models (docs/BENCHMARKS.md, "Drafts of
-another tokenizer") it kept more drafts than TLI on code, greedy and sampled (where the shared vocabulary lacks the
-target's code tokens), and as many on prose; "slem" and "tli" use one method for every row.
+method "auto" (the default) chooses per row, by the share of its own drafts each method kept (MethodRecord): SLEM
+first (on the real models it kept more than TLI on code, where the shared vocabulary lacks the target's code tokens,
+and about as many on prose: docs/BENCHMARKS.md, "Drafts of another tokenizer"), then TLI as long, then the one that
+kept more, trying the other again now and then as the text changes. The choice reads only the row's past outcomes,
+never this step's random numbers, so every row stays exact. "slem" and "tli" use one method for every row.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,6 +46,9 @@ from .base import DraftChoice, DraftContext, Drafter, DraftOutcome, DraftOutlook
 METHODS = ("auto", "slem", "tli")
 MAX_FORWARDS = 3  # SLEM: draft forwards a step may run per target token asked (a draft of much shorter tokens)
 MIN_SHARED = 0.25  # TLI needs this share of the draft's vocabulary in the target's (else its q is too narrow)
+EXPLORE = 8  # "auto": drafts each method proposes for a row before their shares kept are compared
+REVISIT = 64  # ... and drafts of the better one before the other is tried again (a row's text turns: prose, code)
+DECAY = 0.9  # a method's record, per proposal of it: the share kept follows the row's recent text
 
 
 class Bridge:
@@ -63,6 +68,37 @@ class Bridge:
 
 
 @dataclass
+class MethodRecord:
+    """What "auto" chooses a row's method by: the drafts each method kept and proposed for it (decayed), the drafts
+    each has proposed in all, and how many drafts ago each was last used."""
+
+    kept: dict = field(default_factory=lambda: {"slem": 0.0, "tli": 0.0})
+    proposed: dict = field(default_factory=lambda: {"slem": 0.0, "tli": 0.0})
+    tried: dict = field(default_factory=lambda: {"slem": 0, "tli": 0})
+    since: dict = field(default_factory=lambda: {"slem": 0, "tli": 0})
+
+    def share(self, method: str) -> float:
+        return self.kept[method] / self.proposed[method] if self.proposed[method] else 0.0
+
+    def choose(self) -> str:
+        for method in ("slem", "tli"):
+            if self.tried[method] < EXPLORE:
+                return method
+        best = "tli" if self.share("tli") > self.share("slem") else "slem"  # a tie: SLEM, the cheaper
+        other = "slem" if best == "tli" else "tli"
+        return other if self.since[other] >= REVISIT else best
+
+    def record(self, method: str, kept: int, proposed: int) -> None:
+        if self.since[method] >= REVISIT:  # tried again after REVISIT drafts: what it kept then is stale
+            self.kept[method] = self.proposed[method] = 0.0
+        self.kept[method] = DECAY * self.kept[method] + kept
+        self.proposed[method] = DECAY * self.proposed[method] + proposed
+        self.tried[method] += proposed
+        self.since[method] = 0
+        self.since["slem" if method == "tli" else "tli"] += proposed
+
+
+@dataclass
 class _Row:
     """One row: its text where the session keeps it, the draft's tokens of it, and what the draft's KV holds."""
 
@@ -72,6 +108,8 @@ class _Row:
     changed: int  # the first draft id that changed since the KV's last sync
     prompt_length: int  # draft ids of the prompt: all a parked entry of its KV may lend
     read: int  # the row's tokens (prompt and output) its draft side has read
+    methods: MethodRecord = field(default_factory=MethodRecord)  # "auto"'s record of this row
+    pending: tuple[str, int] | None = None  # the method and drafts of its proposal not yet observed
 
     # What move_rows and the prefix cache read of a row (as of a RowText): here its draft side, what its KV holds.
     @property
@@ -176,9 +214,13 @@ class CrossVocabDrafter(Drafter):
         return fork
 
     def observe(self, outcome: DraftOutcome) -> None:
-        """Nothing to do: the rows' new tokens are read from their texts when the next step asks (_read), so steps
-        the policy decodes plainly (it asks nothing) cost no tokenizing. `kept` is not needed either: the next
-        proposal keeps the KV as far as it agrees with the row's draft tokens, whoever drafted them."""
+        """Each row's drafts kept go to its method's record ("auto" chooses by it). The rows' new tokens are read
+        from their texts when the next step asks (_read), so steps the policy decodes plainly (it asks nothing) cost
+        no tokenizing; the next proposal keeps the KV as far as it agrees with the row's draft tokens."""
+        for row, kept in zip(self._rows.values(), outcome.kept):
+            if row.pending is not None and outcome.proposal is not None:
+                row.methods.record(row.pending[0], kept, row.pending[1])
+            row.pending = None
 
     def _read(self) -> None:
         """Each row's draft side reads what its text gained since it last did."""
@@ -206,10 +248,16 @@ class CrossVocabDrafter(Drafter):
         if far:
             self.backend.trim(lengths)
 
-    def _methods(self, context: DraftContext) -> list[str]:
-        # "auto" is SLEM for every row: on the real models it kept more drafts than TLI on code, greedy and sampled,
-        # and as many on prose (docs/BENCHMARKS.md, "Drafts of another tokenizer")
-        return ["slem" if self.method == "auto" else self.method] * len(self._rows)
+    def _methods(self, k_rows: list[int]) -> list[str]:
+        """Each row's method this step, noted for observe(): "auto" asks the row's record (MethodRecord)."""
+        rows = list(self._rows.values())
+        if self.method != "auto":
+            methods = [self.method] * len(rows)
+        else:
+            methods = [r.methods.choose() if self.bridge.tli_possible else "slem" for r in rows]
+        for row, method, n in zip(rows, methods, k_rows):
+            row.pending = (method, n) if n else None
+        return methods
 
     def propose(self, choice: DraftChoice, context: DraftContext) -> Proposal:
         self._read()
@@ -235,7 +283,7 @@ class CrossVocabDrafter(Drafter):
             catch_up_s = time.perf_counter() - start
         cold = self._capabilities.cold_forwards
         colds = cold() if cold is not None else 0
-        tokens, q = self._draft(choice.k, context, choice.k_rows, feeds, self._methods(context))
+        tokens, q = self._draft(choice.k, context, choice.k_rows, feeds, self._methods(choice.k_rows))
         clean = (bool(catch_up_s) or catch_up <= 2) and (cold() if cold is not None else 0) == colds
         return Proposal(tokens, q, catch_up_s, catch_up_tokens if catch_up_s else 0, clean=clean,
                         forward_calls=self.forward_calls - calls)
