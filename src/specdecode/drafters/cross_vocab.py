@@ -46,7 +46,7 @@ from .base import DraftChoice, DraftContext, Drafter, DraftOutcome, DraftOutlook
 METHODS = ("auto", "slem", "tli")
 MAX_FORWARDS = 3  # SLEM: draft forwards a step may run per target token asked (a draft of much shorter tokens)
 MIN_SHARED = 0.25  # TLI needs this share of the draft's vocabulary in the target's (else its q is too narrow)
-EXPLORE = 8  # "auto": drafts each method proposes for a row before their shares kept are compared
+EXPLORE = 4  # "auto": drafts each method proposes for a row before their shares kept are compared
 REVISIT = 64  # ... and drafts of the better one before the other is tried again (a row's text turns: prose, code)
 DECAY = 0.9  # a method's record, per proposal of it: the share kept follows the row's recent text
 
