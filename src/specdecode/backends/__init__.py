@@ -106,8 +106,9 @@ def claiming_backends() -> list[BackendEntry]:
 
 @functools.lru_cache(maxsize=None)
 def _declared() -> dict[str, tuple[str, str, bool]]:
-    """name -> (module, help, whether it passes claims=) of each `register_backend("name", ..., help="...")` call at the top level of this
-    package's modules, read from their source without running them (name and help must be string literals)."""
+    """name -> (module, help, whether it passes claims=) of each `register_backend("name", ..., help="...")` call
+    at the top level of this package's modules, read from their source without running them (name and help must be
+    string literals)."""
     found = {}
     for module in pkgutil.iter_modules(__path__):
         source = resources.files(__name__).joinpath(f"{module.name}.py")

@@ -44,7 +44,7 @@ CROSS_TOKENIZER_ACCEPTANCE = 0.7
 # well below; on 2 cores it is one other busy thread at half speed, enough to stall llama.cpp's threads at every
 # operation (they wait for each other).
 BUSY = 0.25
-UNTIMED = "timed later"  # costs.json's entry of the keys a first run left to the next (timed_later)
+UNTIMED = "timed later"  # costs.json's entry of the keys a first run left to the next (leave_to_next_run)
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def choose_draft(model: str | None, costs: DraftCosts | None, on_gpu: bool = Fal
 
 def untimed_choice(model: str) -> DraftChoice:
     """A first run's choice on a CPU where the model's costs are not recorded yet and the run does not wait to time
-    them (timed_later marks them for the next run)."""
+    them (leave_to_next_run marks them for the next run)."""
     return DraftChoice(FREE, model, f"not timed on this machine yet: a first run drafts for free rather than wait "
                                     f"for timing whether the draft model {model} can pay here; the next run times it "
                                     f"once (`specdecode advise` does it now)")
@@ -232,15 +232,15 @@ def recorded_target_costs(target: str, draft: str | None, backend: str,
     return costs, same
 
 
-def timed_later(key: str) -> bool:
-    """Marks key's costs as left to a later run, and says whether they were marked already (a run before this one
-    left them: this one times them). Where the cache cannot be written every run is a first one: they are timed."""
+def leave_to_next_run(key: str) -> bool:
+    """Whether a first run may leave the timing of key's costs to the next run: True once, marking it; False where
+    a run before left it (this one times) or the mark cannot be written (no run would ever be the next)."""
     records = _records()
     later = records.get(UNTIMED, {})
     if not isinstance(later, dict) or key in later:
-        return True
+        return False
     records[UNTIMED] = {**later, key: datetime.date.today().isoformat()}
-    return not _write_records(records)
+    return _write_records(records)
 
 
 def _records() -> dict:

@@ -321,8 +321,8 @@ def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None,
     and is not recorded. On a GPU the model is chosen without measuring. measuring: a context manager factory
     the CLI shows a status with. first_run_waits False (a one-off `generate`, a user's first contact): where
     nothing is recorded yet and no run before left the timing to this one, the free draft without timing, and the
-    next run times (draft_choice.timed_later)."""
-    from .draft_choice import choose_draft, load_costs, save_costs, timed_later, untimed_choice
+    next run times (draft_choice.leave_to_next_run)."""
+    from .draft_choice import choose_draft, leave_to_next_run, load_costs, save_costs, untimed_choice
 
     if not opts.draft_is_auto:
         return None, None
@@ -332,7 +332,7 @@ def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None,
     if model_name is not None and not on_gpu:
         key = auto_cost_key(opts, model_name)
         costs = load_costs(key)
-        if costs is None and not first_run_waits and not timed_later(key):
+        if costs is None and not first_run_waits and leave_to_next_run(key):
             choice = untimed_choice(model_name)
             opts.draft, opts.draft_choice = choice.draft, choice
             return choice, None
