@@ -217,10 +217,12 @@ class CrossVocabDrafter(Drafter):
         """Each row's drafts kept go to its method's record ("auto" chooses by it). The rows' new tokens are read
         from their texts when the next step asks (_read), so steps the policy decodes plainly (it asks nothing) cost
         no tokenizing; the next proposal keeps the KV as far as it agrees with the row's draft tokens."""
+        if outcome.proposal is None or self.method != "auto":  # a plain step, or no choice to make: nothing read
+            return
         for row, kept in zip(self._rows.values(), outcome.kept):
-            if row.pending is not None and outcome.proposal is not None:
+            if row.pending is not None:
                 row.methods.record(row.pending[0], kept, row.pending[1])
-            row.pending = None
+                row.pending = None
 
     def _read(self) -> None:
         """Each row's draft side reads what its text gained since it last did."""
@@ -252,9 +254,8 @@ class CrossVocabDrafter(Drafter):
         """Each row's method this step, noted for observe(): "auto" asks the row's record (MethodRecord)."""
         rows = list(self._rows.values())
         if self.method != "auto":
-            methods = [self.method] * len(rows)
-        else:
-            methods = [r.methods.choose() if self.bridge.tli_possible else "slem" for r in rows]
+            return [self.method] * len(rows)
+        methods = [r.methods.choose() if self.bridge.tli_possible else "slem" for r in rows]
         for row, method, n in zip(rows, methods, k_rows):
             row.pending = (method, n) if n else None
         return methods

@@ -205,8 +205,8 @@ def costs_path() -> Path:
 def load_costs(key: str) -> DraftCosts | None:
     """The costs recorded under key, or None (none recorded, or an unreadable record: measured again)."""
     try:
-        return DraftCosts.from_dict(json.loads(costs_path().read_text())[key])
-    except (OSError, ValueError, KeyError, TypeError):
+        return DraftCosts.from_dict(_records()[key])
+    except (ValueError, KeyError, TypeError):
         return None
 
 
