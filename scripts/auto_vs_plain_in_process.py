@@ -1,9 +1,12 @@
 """In one process, on the same loaded models: plain decoding against -k auto with a draft of another tokenizer
 (SmolLM2-135M for Qwen2.5-Coder-1.5B on llama.cpp), its policy started from this machine's recorded costs of the
-target and from the default prior, 128 greedy tokens each, alternating; prints each run's tokens/s and K histogram
-and the per-round ratios.
+target ("prior", what the CLI uses once a run has timed the target) and from the default prior ("default"), greedy
+tokens of a code and a prose prompt, the arms' order reversed every round (so a drift of the machine's speed does not
+favour one arm). Prints each run's tokens/s (by wall clock and by the process's CPU time, which on a VM excludes the
+time the host gave other guests: steal) and K histogram, then per arm the per-round ratios to the same round's plain
+run and their medians, by both clocks.
 
-    python scripts/auto_vs_plain_in_process.py [ROUNDS]
+    python scripts/auto_vs_plain_in_process.py [ROUNDS] [TOKENS]
 """
 import os
 import statistics
@@ -11,31 +14,40 @@ import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-from specdecode import AutoregressiveGenerator, SpeculativeGenerator, load_model
-from specdecode.policy.choose import make_policy
-from specdecode.pairing.pair import ModelOptions, recorded_cost_prior
+from specdecode import AutoregressiveGenerator, SpeculativeGenerator, load_model  # noqa: E402
+from specdecode.pairing.pair import ModelOptions, recorded_cost_prior  # noqa: E402
+from specdecode.policy.choose import make_policy  # noqa: E402
+
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+TOKENS = int(sys.argv[2]) if len(sys.argv) > 2 else 128
+PROMPTS = {"code": "def quicksort(arr):", "prose": "Write a short story about a lighthouse keeper."}
 target = load_model("qwen2.5-coder-1.5b-instruct", backend="llamacpp")
 draft = load_model("smollm2-135m-instruct", backend="llamacpp")
-prior = recorded_cost_prior(ModelOptions(draft="smollm2-135m-instruct"), target.model if hasattr(target, "model") else target)
+prior = recorded_cost_prior(ModelOptions(draft="smollm2-135m-instruct"), getattr(target, "model", target))
 print("prior", prior, flush=True)
 plain = AutoregressiveGenerator(target)
 spec = SpeculativeGenerator(target, draft, num_speculative_tokens="auto")
-P = "def quicksort(arr):"
-N = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-rates = {"plain": [], "prior": [], "default": []}
-for r in range(N):
-    for arm in rates:
-        if arm == "plain":
-            gen = plain
-        else:
-            spec.cost_prior = prior if arm == "prior" else None
-            spec.policy = make_policy("auto", 8, spec.cost_prior)
-            gen = spec
-        t = time.perf_counter()
-        res = gen.generate([P], max_new_tokens=128, temperature=0.0, ignore_eos=True)
-        dt = time.perf_counter() - t
-        rates[arm].append(128 / dt)
-        print(r, arm, round(128 / dt, 2), getattr(res.stats, "k_histogram", None), flush=True)
-for arm in ("prior", "default"):
-    ratios = [a / b for a, b in zip(rates[arm], rates["plain"])]
-    print(arm, [round(x, 3) for x in ratios], "median", round(statistics.median(ratios), 3))
+ARMS = ["plain", "prior", "default"]
+rates = {(p, a): [] for p in PROMPTS for a in ARMS}
+cpu_rates = {(p, a): [] for p in PROMPTS for a in ARMS}
+for r in range(ROUNDS):
+    for name, prompt in PROMPTS.items():
+        for arm in ARMS if r % 2 == 0 else ARMS[::-1]:
+            if arm == "plain":
+                gen = plain
+            else:
+                spec.cost_prior = prior if arm == "prior" else None
+                spec.policy = make_policy("auto", 8, spec.cost_prior)
+                gen = spec
+            start, cpu = time.perf_counter(), time.process_time()
+            res = gen.generate([prompt], max_new_tokens=TOKENS, temperature=0.0, ignore_eos=True)
+            rate, cpu_rate = TOKENS / (time.perf_counter() - start), TOKENS / (time.process_time() - cpu)
+            rates[name, arm].append(rate)
+            cpu_rates[name, arm].append(cpu_rate)
+            print(r, name, arm, round(rate, 2), round(cpu_rate, 2), getattr(res.stats, "k_histogram", None), flush=True)
+for clock, table in (("wall", rates), ("cpu", cpu_rates)):
+    for name in PROMPTS:
+        for arm in ARMS[1:]:
+            ratios = [a / b for a, b in zip(table[name, arm], table[name, "plain"])]
+            print(clock, name, arm, [round(x, 3) for x in ratios], "median", round(statistics.median(ratios), 3),
+                  flush=True)

@@ -345,8 +345,9 @@ def test_tli_keeps_fewer_of_them(script_pair):
 
 
 def test_auto_explores_both_methods_then_keeps_to_the_one_that_kept_more(script_pair):
-    """On the script SLEM keeps nearly every draft and TLI few: "auto" tries both for each row, then drafts by SLEM
-    (its acceptance near SLEM's, well above TLI's), and its rows' records say what each method kept."""
+    """On the script SLEM keeps nearly every draft and TLI few: "auto" tries both for each sampled row, then drafts by
+    SLEM (its acceptance near SLEM's, well above TLI's), and its rows' records say what each method kept. (At T = 1:
+    the script's models put all their weight on one token, so the rows still write the script.)"""
     from specdecode.drafters.cross_vocab import EXPLORE
 
     target, draft, script = script_pair
@@ -355,7 +356,8 @@ def test_auto_explores_both_methods_then_keeps_to_the_one_that_kept_more(script_
     prompts = [script[:n] for n in (3, 8, 13, 21)]
     gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=4)
     session = gen.session()
-    rows = [session.add(gen.request(p, max_new_tokens=40, temperature=0.0, ignore_eos=True)) for p in prompts]
+    rows = [session.add(gen.request(p, max_new_tokens=40, temperature=1.0, ignore_eos=True, seed=s))
+            for s, p in enumerate(prompts)]
     records = []
     while not session.idle:
         session.step()
@@ -366,6 +368,64 @@ def test_auto_explores_both_methods_then_keeps_to_the_one_that_kept_more(script_
     assert all(r.share("slem") > r.share("tli") for r in records)
     assert 0 < drafter.counts["tli_rows"] < drafter.counts["slem_rows"] / 2
     assert result.stats.acceptance_rate > script_acceptance(script_pair, "tli") + 0.2
+
+
+def test_auto_drafts_greedy_rows_by_slem_and_tries_tli_only_on_sampled_ones(script_pair):
+    """A greedy row keeps a draft only where it is the target's argmax: "auto" drafts it by SLEM from the first step
+    (no trial of TLI, which on the real pairs kept fewer greedy drafts), as "slem" does; a sampled row in the same
+    batch still tries both."""
+    target, draft, script = script_pair
+    drafter = CrossVocabDrafter(draft, target.tokenizer, "auto")
+    gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=4)
+    prompts = [script[:n] for n in (3, 8, 13, 21)]
+    greedy = gen.generate(prompts, max_new_tokens=24, temperature=0.0, ignore_eos=True)
+    assert [p + r for p, r in zip(prompts, greedy.token_ids)] == [script[:len(p) + 24] for p in prompts]
+    assert drafter.counts["tli_rows"] == 0 and drafter.counts["slem_rows"] > 0
+    assert greedy.stats.acceptance_rate == pytest.approx(script_acceptance(script_pair, "slem"))
+    session = gen.session()
+    rows = [session.add(gen.request(prompts[0], max_new_tokens=40, temperature=0.0, ignore_eos=True)),
+            session.add(gen.request(prompts[1], max_new_tokens=40, temperature=1.0, ignore_eos=True, seed=3))]
+    records = []
+    while not session.idle:
+        session.step()
+        records = records or [r.methods for r in drafter._rows.values()]  # both rows' records (kept up to date)
+    assert [p + r for p, r in zip(prompts, session.result(rows).token_ids)] == [script[:len(p) + 40]
+                                                                             for p in prompts[:2]]
+    assert records[0].tried["tli"] == 0 and records[1].tried["tli"] > 0
+
+
+def test_a_probe_bounds_the_catch_up_of_a_row_far_behind(script_pair, monkeypatch):
+    """A probe after many plain steps feeds the draft only the row's last `catch_up_window` draft tokens, not the
+    whole text it missed (the probe's catch-up was most of its cost: 70 tokens of SmolLM2's prefill, 5 target
+    steps, on the real pair); greedy output is still the target's own."""
+    from specdecode.policy.choose import AdaptivePolicy
+
+    target, draft, script = script_pair
+    plan = [2, 2] + [0] * 24 + [3]  # speculate, 24 plain steps, then a probe
+
+    def choose(self, rows, caps):
+        self.trial = len(plan) == 1
+        return min(plan.pop(0) if plan else 3, max(caps))
+
+    monkeypatch.setattr(AdaptivePolicy, "choose", choose)
+    drafter = CrossVocabDrafter(draft, target.tokenizer, "slem")
+    drafter.catch_up_window = 6
+    held = []
+    real = CrossVocabDrafter.propose
+
+    def spy(self, choice, context):
+        out = real(self, choice, context)
+        held.append((choice.trial, self.backend.lengths[0], len(next(iter(self._rows.values())).bridged.draft.ids)))
+        return out
+
+    monkeypatch.setattr(CrossVocabDrafter, "propose", spy)
+    gen = SpeculativeGenerator(target, drafter, num_speculative_tokens="auto")
+    prompt = script[:8]
+    result = gen.generate([prompt], max_new_tokens=40, temperature=0.0, ignore_eos=True)
+    assert prompt + result.token_ids[0] == script[:48]
+    [(trial, length, text)] = [h for h in held if h[0]]
+    assert text > 40  # the row's draft ids: the probe's KV would hold them all had it fed everything it missed
+    assert length <= 6 + 3 * 3 + 1  # the window, then at most the probe's own drafting forwards
 
 
 def test_the_method_record_explores_compares_and_revisits():

@@ -19,11 +19,14 @@ step's first forward), then drafts, per row, by one of two methods:
   target's p (DraftContext), sampled with the row's uniforms (coupled rows: its Gumbel noise), handed over as q.
   The standard rejection rule then keeps the output exact. A draft drawn there is a draft token too, fed next.
 
-method "auto" (the default) chooses per row, by the share of its own drafts each method kept (MethodRecord): SLEM
-first (on the real models it kept more than TLI on code, where the shared vocabulary lacks the target's code tokens,
-and about as many on prose: docs/BENCHMARKS.md, "Drafts of another tokenizer"), then TLI as long, then the one that
-kept more, trying the other again now and then as the text changes. The choice reads only the row's past outcomes,
-never this step's random numbers, so every row stays exact. "slem" and "tli" use one method for every row.
+method "auto" (the default) drafts a greedy row by SLEM: a greedy row keeps a draft only where it is the target's
+argmax, and SLEM proposes the draft's own greedy text in the target's tokens where TLI can propose only shared tokens
+(on the real models TLI kept fewer greedy drafts in every pair and set measured: docs/BENCHMARKS.md, "Drafts of
+another tokenizer"). A sampled row it drafts by the method that kept the larger share of that row's drafts
+(MethodRecord): SLEM first (on code it kept more than TLI, where the shared vocabulary lacks the target's code
+tokens), then TLI as long, then the one that kept more, trying the other again now and then as the text changes.
+The choice reads only the row's settings and past outcomes, never this step's random numbers, so every row stays
+exact. "slem" and "tli" use one method for every row.
 """
 
 from __future__ import annotations
@@ -246,18 +249,23 @@ class CrossVocabDrafter(Drafter):
         for b, row in enumerate(self._rows.values()):
             if row.kv.behind(row.bridged.draft.ids, row.changed) > self.catch_up_window:
                 row.kv.restart(row.bridged.draft.ids, self.catch_up_window)
+                # the KV holds nothing now: ids that changed before its window are not its concern (left below the
+                # window's start, plan() would read them as a change inside the KV and feed the whole text again)
+                row.changed = max(row.changed, row.kv.base)
                 lengths[b], far = 0, True
         if far:
             self.backend.trim(lengths)
 
-    def _methods(self, k_rows: list[int]) -> list[str]:
-        """Each row's method this step, noted for observe(): "auto" asks the row's record (MethodRecord)."""
+    def _methods(self, k_rows: list[int], greedy_rows: list[bool]) -> list[str]:
+        """Each row's method this step, noted for observe(): "auto" drafts a greedy row by SLEM and asks a sampled
+        row's record (MethodRecord)."""
         rows = list(self._rows.values())
         if self.method != "auto":
             return [self.method] * len(rows)
-        methods = [r.methods.choose() if self.bridge.tli_possible else "slem" for r in rows]
-        for row, method, n in zip(rows, methods, k_rows):
-            row.pending = (method, n) if n else None
+        methods = [r.methods.choose() if self.bridge.tli_possible and not greedy else "slem"
+                   for r, greedy in zip(rows, greedy_rows)]
+        for row, method, n, greedy in zip(rows, methods, k_rows, greedy_rows):
+            row.pending = (method, n) if n and not greedy else None
         return methods
 
     def propose(self, choice: DraftChoice, context: DraftContext) -> Proposal:
@@ -284,7 +292,8 @@ class CrossVocabDrafter(Drafter):
             catch_up_s = time.perf_counter() - start
         cold = self._capabilities.cold_forwards
         colds = cold() if cold is not None else 0
-        tokens, q = self._draft(choice.k, context, choice.k_rows, feeds, self._methods(choice.k_rows))
+        methods = self._methods(choice.k_rows, context.greedy_rows)
+        tokens, q = self._draft(choice.k, context, choice.k_rows, feeds, methods)
         clean = (bool(catch_up_s) or catch_up <= 2) and (cold() if cold is not None else 0) == colds
         return Proposal(tokens, q, catch_up_s, catch_up_tokens if catch_up_s else 0, clean=clean,
                         forward_calls=self.forward_calls - calls)

@@ -28,9 +28,14 @@ Plain steps and probes. When no K pays the policy decodes plainly (it stops spec
 5 % faster, so a noisy dip in the estimates does not stop it; that margin holds only while the draft classes are the
 last speculating step's: a short match after a long one is another bet, judged on its own) and probes, with the K
 most likely to pay, after 8 plain steps; each failed probe doubles the wait (16, 32, ... 256), so probes cost well
-under 1 % in the long run. A probe that beat a plain step is evidence the text has changed: the old evidence is cut
-to 30 % and the probe is repeated at once, so a draft that agrees again gets speculation back within a few steps of
-the next probe; as soon as the estimates say a K pays the wait is reset to 8.
+under 1 % in the long run. A probe that makes the draft catch up (a model that has not read the plain steps' tokens)
+also waits until that catch-up costs at most 2 % of the plain decoding time since the last trial and of the plain
+time the rows' remaining tokens will take, where their lengths are known (a probe near the end has no tokens left to
+pay it back); an exploration from plain steps waits the same way. On a 2-core CPU a 135M draft's catch-up of its
+32-token window costs ~3 target steps, most of a probe's cost there: its probes wait ~150 steps, and an answer of 128
+tokens is not probed at all. A probe that beat a plain step is evidence the text has changed: the old evidence is
+cut to 30 % and the probe is repeated at once, so a draft that agrees again gets speculation back within a few steps
+of the next probe; as soon as the estimates say a K pays the wait is reset to 8.
 
 Settling. Where even full acceptance cannot beat plain decoding at the measured costs (max over K of
 (K + 1) / (K c + v(K + 1)) <= 1, v extrapolated along its measured slope beyond the timed n), no text can make a
@@ -60,6 +65,7 @@ one-off time is not a draft step's cost, and the loop reports it as None.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -72,8 +78,8 @@ PROBE_FIRST, PROBE_MAX = 8, 256
 CEILING_ACCEPTANCE = 0.95  # the best acceptance a probe could find; if even that cannot pay, probing is waste
 PRIOR_TRUST = 0.85         # a recorded v(n) (CostPrior.verify) may be this far off today: untried K are explored
                            # only where they could pay at 85 % of it
-TRIAL_BUDGET = 0.03        # a probe or an exploration may cost its draft's catch-up only up to 3 % of the plain
-                           # decoding time since the last one
+TRIAL_BUDGET = 0.02        # a probe or an exploration may cost its draft's catch-up only up to 2 % of the plain
+                           # decoding time since the last one, and of the plain time the rows' remaining tokens take
 REFRESH_STEPS = 128        # speculating this long without a plain step: time plain steps afresh (only they can)
 THIN_EVIDENCE = 10         # an explanation counts the drafts behind an acceptance measured on fewer than this
 SETTLED_STEPS = 1024       # steps of plain decoding, with nothing drafted or probed, once no draft could ever pay
@@ -124,7 +130,7 @@ class Policy(PolicyEstimates, ABC):
     name = "policy"
     adaptive = False  # whether K follows measurements (the loop then draws seeded sampled rows by coupling)
     settled = False  # whether it decodes plainly without looking (AdaptivePolicy: Settling): the drafter is not asked
-    model_drafts = False  # every draft comes from a model (the loop sets it for a ModelDrafter): only then may it settle
+    model_drafts = False  # every draft comes from a model (the loop reads Drafter.drafts_from_model): only then it settles
 
     def __init__(self, max_k: int, decay: float = DECAY, prior: CostPrior | None = None):
         super().__init__(max_k, decay, prior)
@@ -324,7 +330,8 @@ class AdaptivePolicy(Policy):
         measured = self._verify.get(batch, {})
         untried = {k: tokens[k] / self._optimistic_time(k, batch) for k in range(top + 1)
                    if k + 1 not in measured or measured[k + 1].count < WARM_SAMPLES}
-        affordable = self.catch_up_cost(sum(r.probe_behind for r in rows)) <= TRIAL_BUDGET * self._plain_time
+        affordable = self.catch_up_cost(sum(r.probe_behind for r in rows)) <= \
+            TRIAL_BUDGET * min(self._plain_time, self._remaining_time(rows, batch))
         if untried and max(untried.values()) > rates[best] and (best > 0 or affordable):
             self.explorations += 1
             self.trial = best == 0
@@ -371,6 +378,13 @@ class AdaptivePolicy(Policy):
             return True  # in step (or nothing known of the rows' lengths): nothing to repay
         saved = sum(r.remaining for r in rows) * (1 / plain_rate - 1 / rate)
         return saved > self.catch_up_cost(backlog)
+
+    def _remaining_time(self, rows: list[RowState], batch_size: int) -> float:
+        """Seconds of plain steps the rows' remaining tokens will take (infinite where a row's length is unknown)."""
+        remaining = [r.remaining for r in rows]
+        if not remaining or None in remaining:
+            return math.inf
+        return max(remaining) * self.verify_cost(1, batch_size)
 
     def _could_pay(self, caps: list[int], batch_size: int, plain_rate: float) -> bool:
         """Whether some K could beat plain steps if the draft agreed as well as drafts ever do (CEILING_ACCEPTANCE
