@@ -6,7 +6,7 @@ favour one arm). Prints each run's tokens/s (by wall clock and by the process's 
 time the host gave other guests: steal) and K histogram, then per arm the per-round ratios to the same round's plain
 run and their medians, by both clocks.
 
-    python scripts/auto_vs_plain_in_process.py [ROUNDS] [TOKENS]
+    python scripts/auto_vs_plain_in_process.py [ROUNDS] [TOKENS] [ARMS, e.g. plain,prior]
 """
 import os
 import statistics
@@ -27,7 +27,7 @@ prior = recorded_cost_prior(ModelOptions(draft="smollm2-135m-instruct"), getattr
 print("prior", prior, flush=True)
 plain = AutoregressiveGenerator(target)
 spec = SpeculativeGenerator(target, draft, num_speculative_tokens="auto")
-ARMS = ["plain", "prior", "default"]
+ARMS = sys.argv[3].split(",") if len(sys.argv) > 3 else ["plain", "prior", "default"]
 rates = {(p, a): [] for p in PROMPTS for a in ARMS}
 cpu_rates = {(p, a): [] for p in PROMPTS for a in ARMS}
 for r in range(ROUNDS):
