@@ -130,7 +130,7 @@ class Policy(PolicyEstimates, ABC):
     name = "policy"
     adaptive = False  # whether K follows measurements (the loop then draws seeded sampled rows by coupling)
     settled = False  # whether it decodes plainly without looking (AdaptivePolicy: Settling): the drafter is not asked
-    model_drafts = False  # every draft comes from a model (the loop reads Drafter.drafts_from_model): only then it settles
+    model_drafts = False  # every draft comes from a model (the loop reads Drafter.drafts_from_model): it may settle
 
     def __init__(self, max_k: int, decay: float = DECAY, prior: CostPrior | None = None):
         super().__init__(max_k, decay, prior)
@@ -330,8 +330,9 @@ class AdaptivePolicy(Policy):
         measured = self._verify.get(batch, {})
         untried = {k: tokens[k] / self._optimistic_time(k, batch) for k in range(top + 1)
                    if k + 1 not in measured or measured[k + 1].count < WARM_SAMPLES}
-        affordable = self.catch_up_cost(sum(r.probe_behind for r in rows)) <= \
-            TRIAL_BUDGET * min(self._plain_time, self._remaining_time(rows, batch))
+        catch_up = self.catch_up_cost(sum(r.probe_behind for r in rows))
+        affordable = catch_up <= TRIAL_BUDGET * self._plain_time and \
+            (not catch_up or catch_up <= TRIAL_BUDGET * self._remaining_time(rows, batch))  # read only when it may bind
         if untried and max(untried.values()) > rates[best] and (best > 0 or affordable):
             self.explorations += 1
             self.trial = best == 0
