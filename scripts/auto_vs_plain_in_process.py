@@ -1,12 +1,13 @@
 """In one process, on the same loaded models: plain decoding against -k auto with a draft of another tokenizer
 (SmolLM2-135M for Qwen2.5-Coder-1.5B on llama.cpp), its policy started from this machine's recorded costs of the
-target ("prior", what the CLI uses once a run has timed the target) and from the default prior ("default"), greedy
+target ("prior", what the CLI uses once a run has timed the target), from a CPU's shape ("cpu": v(n) = 1 + 0.5 (n - 1),
+CostPrior(slope=0.5)) and from the default, a GPU's shape ("default", what the CLI uses without a record), greedy
 tokens of a code and a prose prompt, the arms' order reversed every round (so a drift of the machine's speed does not
 favour one arm). Prints each run's tokens/s (by wall clock and by the process's CPU time, which on a VM excludes the
 time the host gave other guests: steal) and K histogram, then per arm the per-round ratios to the same round's plain
 run and their medians, by both clocks.
 
-    python scripts/auto_vs_plain_in_process.py [ROUNDS] [TOKENS] [ARMS, e.g. plain,prior]
+    python scripts/auto_vs_plain_in_process.py [ROUNDS] [TOKENS] [ARMS, e.g. plain,prior or plain,cpu,default]
 """
 import os
 import statistics
@@ -17,6 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator, load_model  # noqa: E402
 from specdecode.pairing.pair import ModelOptions, recorded_cost_prior  # noqa: E402
 from specdecode.policy.choose import make_policy  # noqa: E402
+from specdecode.policy.estimates import CostPrior  # noqa: E402
 
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 TOKENS = int(sys.argv[2]) if len(sys.argv) > 2 else 128
@@ -36,7 +38,7 @@ for r in range(ROUNDS):
             if arm == "plain":
                 gen = plain
             else:
-                spec.cost_prior = prior if arm == "prior" else None
+                spec.cost_prior = {"prior": prior, "cpu": CostPrior(slope=0.5)}.get(arm)
                 spec.policy = make_policy("auto", 8, spec.cost_prior)
                 gen = spec
             start, cpu = time.perf_counter(), time.process_time()

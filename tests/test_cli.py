@@ -574,6 +574,24 @@ def test_compare_sampling_reports_difference_honestly(pair):
     assert "identical" in result.stdout or "as expected when sampling" in result.stdout
 
 
+def test_compare_starts_its_policy_from_generates_costs(pair, monkeypatch):
+    """compare's speculative run is generate's: its policy starts from the costs generate's does (pairing.pair.
+    recorded_cost_prior: this machine's record of the target, or a CPU's shape), not the library's default."""
+    from specdecode.pairing import pair as pairing
+    from specdecode.policy.estimates import CostPrior
+
+    prior, seen, original = CostPrior.measured({2: 1.1}), [], pairing.make_generator
+
+    def spy(target, draft, k="auto", method="leviathan", cost_prior=None):
+        seen.append(cost_prior)
+        return original(target, draft, k, method, cost_prior)
+
+    monkeypatch.setattr(pairing, "recorded_cost_prior", lambda opts, target: prior)
+    monkeypatch.setattr(pairing, "make_generator", spy)
+    ok("compare", "def quicksort(arr):", *pair, "-n", 4, "--ignore-eos", "--json", "--no-warmup")
+    assert seen == [prior]
+
+
 def test_compare_needs_a_draft(target_only):
     assert "compare needs a draft model" in error_of("compare", "x", *target_only)
 

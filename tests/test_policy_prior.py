@@ -7,13 +7,14 @@ from the first step and only probes."""
 from __future__ import annotations
 
 import json
+import random
 import statistics
 
 import pytest
 
 from specdecode.pairing import draft_choice
 from specdecode.pairing.pair import ModelOptions, recorded_cost_prior
-from specdecode.policy.choose import AdaptivePolicy, FixedPolicy, make_policy
+from specdecode.policy.choose import AdaptivePolicy, FixedPolicy, Outcome, Outlook, make_policy
 from specdecode.policy.estimates import CostPrior
 from test_policy import curve, simulate
 
@@ -63,6 +64,60 @@ def test_on_a_steep_machine_a_measured_prior_decodes_plainly_from_the_first_step
     # has become one the draft knows
     assert statistics.median(measured) >= 0.975
     assert statistics.median(measured) > statistics.median(default) + 0.01
+
+
+def _run_with_catch_up(policy, v, c: float, alpha: float, tokens: int, prompt: int = 40, per_token: float = 0.1,
+                       window: int = 32, seed: int = 0):
+    """One answer of `tokens` tokens as the loop drives the policy with a model draft: the draft has read nothing of
+    the prompt, falls a token behind on each plain step, and catches up before drafting (all of it, or at most its
+    window on a probe or an exploration), at per_token target steps a token fed (a 135M draft on 2 cores: 31 tokens
+    ~3 steps). Returns (tokens per target step, the Ks)."""
+    rng = random.Random(seed)
+    rows = [policy.new_row()]
+    behind, made, seconds, ks = prompt, 0, 0.0, []
+    while made < tokens:
+        row = rows[0]
+        row.behind, row.probe_behind, row.remaining = behind, min(behind, window), tokens - made
+        choice = policy.decide(Outlook(rows, [min(8, tokens - made - 1)]))
+        k, fed = choice.k, 0
+        if k:
+            fed = min(behind, window) if choice.trial else behind
+            seconds += fed * per_token
+            policy.learn(Outcome([], 0, [], [], 1, None, None, catch_up_tokens=fed, catch_up_s=fed * per_token))
+        kept = 0
+        while kept < k and rng.random() < alpha:
+            kept += 1
+        step = k * c + v(k + 1)
+        seconds += step
+        jitter = 1 + 0.04 * (rng.random() - 0.5)
+        policy.learn(Outcome(rows, k, [kept], [k], 1, k * c * jitter if k else 0.0, v(k + 1) * jitter))
+        made += kept + 1
+        behind = behind + 1 if k == 0 else 1
+        ks.append(k)
+    return made / seconds, ks
+
+
+def test_a_steep_prior_decodes_plainly_and_still_finds_a_draft_that_pays():
+    """CostPrior(slope=0.5), a CPU's shape without a machine's points. On the 2-core Xeon's curve with a 135M draft
+    of another tokenizer and a 40-token prompt, a 128-token answer from the GPU's shape drafts at once and pays the
+    draft's reading of the prompt for nothing; from the steep shape it decodes plainly throughout (an exploration's
+    catch-up would be more than 2 % of the answer). Where drafts do pay (a flat many-core curve and a good draft) the
+    steep shape only delays them: its explorations time the curve and it speculates for most of a long answer.
+    (docs/BENCHMARKS.md: on the real pair with a short prompt the default's early exploration is the cheaper one over
+    512 tokens, so the CLI keeps the default.)"""
+    steep, v = CostPrior(slope=0.5), curve(XEON)
+    assert steep.verify_steps(3) == pytest.approx(2.0) and steep.draft_step == CostPrior().draft_step
+    with pytest.raises(ValueError, match="slope >= 0"):
+        CostPrior(slope=-0.1)
+    for seed in range(3):
+        default_rate, default_ks = _run_with_catch_up(AdaptivePolicy(8), v, C, ALPHA, 128, seed=seed)
+        steep_rate, steep_ks = _run_with_catch_up(AdaptivePolicy(8, prior=steep), v, C, ALPHA, 128, seed=seed)
+        assert default_ks[0] > 0 and default_rate < 0.97
+        assert set(steep_ks) == {0} and steep_rate == pytest.approx(1.0)
+    flat = curve({1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15, 5: 1.2})
+    rate, ks = _run_with_catch_up(AdaptivePolicy(8, prior=steep), flat, 0.1, 0.8, 1000, per_token=0.03)
+    first = next(t for t, k in enumerate(ks) if k)
+    assert 0 < first < 120 and rate > 1.8
 
 
 def _record(path, entries: dict) -> None:
@@ -121,3 +176,13 @@ def test_the_generator_keeps_its_prior_for_every_call(tiny_pair, tokenizer):
     finally:
         generators.make_policy = restore
     assert seen == [prior]
+
+
+def test_bench_starts_its_policies_from_the_costs_it_is_given(tiny_pair):
+    """`bench` passes generate's starting costs (recorded_cost_prior) to every speculative generator it times, so
+    `bench -k auto` measures the policy `generate` runs."""
+    from specdecode.bench.runner import Bench, BenchSettings
+
+    prior = CostPrior.measured(XEON)
+    runner = Bench(*tiny_pair, [[1, 2, 3]], BenchSettings(ks=["auto", 2], methods=("specdecode",)), cost_prior=prior)
+    assert len(runner.ctx.spec) == 2 and all(gen.policy.prior is prior for gen in runner.ctx.spec.values())

@@ -65,11 +65,13 @@ class Bench:
 
     def __init__(self, target, draft, prompt_ids: list[list[int]], settings: BenchSettings,
                  info: dict | None = None, peer_target=None, peer_draft=None, llama: LlamaPeerSetup | None = None,
-                 schemas: list[dict] | None = None, turns: TurnPlan | None = None):
+                 schemas: list[dict] | None = None, turns: TurnPlan | None = None, cost_prior=None):
         """peer_target / peer_draft: the models transformers' methods run on, when they differ from ours (a
         transformers user loads plain fp32 models, without our prepacking or draft quantization). llama: the
         GGUF files, threads and binary llama.cpp's methods run on (None: they are left out). schemas: each
-        prompt's JSON schema (None: free text). turns: the multi-turn workload whose turns prompt_ids are."""
+        prompt's JSON schema (None: free text). turns: the multi-turn workload whose turns prompt_ids are.
+        cost_prior: what the speculative generators' policies start from (what `generate` passes: the CLI's
+        pairing.pair.recorded_cost_prior)."""
         from ..drafters import PromptLookupDrafter
 
         settings.check()
@@ -85,8 +87,8 @@ class Bench:
         self.info = dict(info or {})
         plain = AutoregressiveGenerator(target)
         # One generator per K: a generator's K (a number, or "auto" and its policy) is set when it is built.
-        spec = {k: SpeculativeGenerator(target, draft, num_speculative_tokens=k, method=settings.method)
-                for k in settings.ks} if draft is not None else {}
+        spec = {k: SpeculativeGenerator(target, draft, num_speculative_tokens=k, method=settings.method,
+                                        cost_prior=cost_prior) for k in settings.ks} if draft is not None else {}
         extra = max(int_ks(settings.ks) + settings.llama_draft_max + [LOOKUP_DEFAULT_TOKENS])
         self.ctx = BenchContext(
             settings, prompt_ids, plain, spec, has_draft=draft is not None,

@@ -126,6 +126,7 @@ def bench(
         from ..bench import sessions as multi_turn
         from ..bench.runner import Bench, BenchSettings
         from ..bench.workload import encode_prompts
+        from ..pairing.pair import recorded_cost_prior
         from ..exact.sampling import SamplingParams
 
         temperatures = float_list(temperature, "--temperature")
@@ -167,7 +168,7 @@ def bench(
         peer_target, peer_draft = stock_models(peer_models, opts, chosen, sanity, backend_name(target_model))
         llama = llama_setup(opts, target_model, draft_model, chosen, llama_speculative, sanity)
         runner = Bench(target_model, draft_model, prompt_ids, settings, info, peer_target, peer_draft, llama,
-                       schemas, turns)
+                       schemas, turns, cost_prior=None if sanity else recorded_cost_prior(opts, target_model))
         left_out = {m: why for m, why in runner.skipped.items() if m in chosen}
         if NO_DRAFT in left_out.values():
             err.print(f"no draft (--draft none): {', '.join(m for m, why in left_out.items() if why == NO_DRAFT)} "

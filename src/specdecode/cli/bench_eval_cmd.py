@@ -12,7 +12,7 @@ import typer
 
 from .app import app
 from .bench_output import fmt, quiet, write_json
-from .common import CLIError, load_pair, make_generator, out, progress_bar, user_errors
+from .common import CLIError, generator_of, load_pair, make_generator, out, progress_bar, user_errors
 from .options import ModelOptions, model_options
 
 eval_app = typer.Typer(help="Task evaluations of speculative vs plain sampling.", no_args_is_help=True)
@@ -60,7 +60,7 @@ def multiplication(
             raise CLIError("eval multiplication compares plain with speculative sampling: give a --draft")
         target_model, draft_model = load_pair(opts, quiet=quiet(json_path))
         plain = make_generator(target_model, None, k, opts.method)
-        spec = make_generator(target_model, draft_model, k, opts.method)
+        spec = generator_of(opts, target_model, draft_model)  # what generate runs, its policy's costs included
         with progress_bar(2 * len(problems), "eval multiplication") as advance:
             result = evaluate(plain, spec, problems, max_new_tokens, temperature, top_k, top_p, batch_size,
                               seed=seeds[0], progress=advance)

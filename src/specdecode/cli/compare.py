@@ -9,8 +9,8 @@ from typing import List, Optional
 import typer
 
 from .app import app
-from .common import (CLIError, PROVENANCE_STYLES, check_generation_args, chat_ids, err, legend, load_pair,
-                     make_generator, max_drafts, out, read_prompts, user_errors)
+from .common import (CLIError, PROVENANCE_STYLES, check_generation_args, chat_ids, err, generator_of, legend,
+                     load_pair, make_generator, max_drafts, out, read_prompts, user_errors)
 from .options import ModelOptions, SamplingOptions, model_options, sampling_options
 
 
@@ -45,7 +45,7 @@ def compare(
         target_model, draft_model = load_pair(opts, quiet=json_out and not err.is_terminal)
         k = opts.num_speculative_tokens
         plain = make_generator(target_model, None, k, opts.method)
-        spec = make_generator(target_model, draft_model, k, opts.method)
+        spec = generator_of(opts, target_model, draft_model)  # what generate runs, its policy's costs included
         inputs = [chat_ids(spec.tokenizer, text)] if chat else text
         params = sampling.generation_params(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=stop or ())
         if warmup:

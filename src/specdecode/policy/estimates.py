@@ -98,15 +98,18 @@ class CostPrior:
     draft step. The defaults are a GPU's shape (verifying a few tokens costs about one step); a CPU's is much
     steeper (2 tokens 1.6-1.7 steps on 2 cores), so there the defaults spend a run's first steps on drafts that
     cannot pay. `verify` holds a machine's measured (n, v(n)) points (the costs `--draft auto` recorded for this
-    target, pairing/draft_choice.py): between them v is interpolated, past the last extended along the last two."""
+    target, pairing/draft_choice.py): between them v is interpolated, past the last extended along the last two.
+    Without them v is a line of `slope` (a steeper one, e.g. 0.5, is a CPU's shape; docs/BENCHMARKS.md measured what
+    it changes on 2 cores: the CLI keeps the default)."""
 
     verify: tuple[tuple[int, float], ...] = ()
     draft_step: float = PRIOR_DRAFT_STEPS
+    slope: float = PRIOR_VERIFY_SLOPE  # v(n) = 1 + slope (n - 1) where fewer than two points are given
 
     def __post_init__(self):
         points = dict(self.verify)
-        if any(n < 1 or v <= 0 for n, v in points.items()) or not self.draft_step > 0:
-            raise ValueError(f"a cost prior needs v(n) > 0 for n >= 1 and a draft step > 0, got {self}")
+        if any(n < 1 or v <= 0 for n, v in points.items()) or not self.draft_step > 0 or not self.slope >= 0:
+            raise ValueError(f"a cost prior needs v(n) > 0 for n >= 1, a draft step > 0 and a slope >= 0, got {self}")
         # read by the policy on every step: built once
         object.__setattr__(self, "_points", points)
         object.__setattr__(self, "_ns", sorted(points))
@@ -119,7 +122,7 @@ class CostPrior:
     def verify_steps(self, n: int) -> float:
         points, ns = self._points, self._ns
         if len(points) < 2:
-            return points.get(1, 1.0) * (1.0 + PRIOR_VERIFY_SLOPE * (n - 1))
+            return points.get(1, 1.0) * (1.0 + self.slope * (n - 1))
         if n in points:
             return points[n]
         i = bisect.bisect(ns, n)
