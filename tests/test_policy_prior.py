@@ -1,16 +1,18 @@
 """The costs the speculation policy starts from (policy.estimates.CostPrior): a GPU's shape by default, this
 machine's recorded costs of the target where `--draft auto` or `advise` measured them (pairing/pair.py,
-recorded_cost_prior). On a 2-core CPU the default takes verifying 2 tokens for 1.15 steps where it costs 1.7, so a
-short run's first steps draft where nothing can pay; started from the machine's curve the policy decodes plainly
-from the first step and only probes."""
+recorded_cost_prior), else, for a real model on a CPU, a CPU's shape (CostPrior.cpu). On a 2-core CPU the default
+takes verifying 2 tokens for 1.15 steps where it costs 1.7, so a short run's first steps draft where nothing can pay;
+started from the machine's curve, or a CPU's shape, the policy decodes plainly from the first step and only probes."""
 
 from __future__ import annotations
 
 import json
 import random
 import statistics
+import types
 
 import pytest
+import torch
 
 from specdecode.pairing import draft_choice
 from specdecode.pairing.pair import ModelOptions, recorded_cost_prior
@@ -97,15 +99,15 @@ def _run_with_catch_up(policy, v, c: float, alpha: float, tokens: int, prompt: i
     return made / seconds, ks
 
 
-def test_a_steep_prior_decodes_plainly_and_still_finds_a_draft_that_pays():
-    """CostPrior(slope=0.5), a CPU's shape without a machine's points. On the 2-core Xeon's curve with a 135M draft
-    of another tokenizer and a 40-token prompt, a 128-token answer from the GPU's shape drafts at once and pays the
-    draft's reading of the prompt for nothing; from the steep shape it decodes plainly throughout (an exploration's
-    catch-up would be more than 2 % of the answer). Where drafts do pay (a flat many-core curve and a good draft) the
-    steep shape only delays them: its explorations time the curve and it speculates for most of a long answer.
-    (docs/BENCHMARKS.md: on the real pair with a short prompt the default's early exploration is the cheaper one over
-    512 tokens, so the CLI keeps the default.)"""
-    steep, v = CostPrior(slope=0.5), curve(XEON)
+def test_a_cpus_shape_decodes_plainly_and_still_finds_a_draft_that_pays():
+    """CostPrior.cpu(): v(n) = 1 + 0.5 (n - 1), what the CLI starts a real model on a CPU from where nothing is
+    recorded. On the 2-core Xeon's curve with a 135M draft of another tokenizer and a 40-token prompt, a 128-token
+    answer from the GPU's shape drafts at once and pays the draft's reading of the prompt for nothing; from the CPU's
+    shape it decodes plainly throughout (an exploration's catch-up would be more than 2 % of the answer). Where drafts
+    do pay (a flat many-core curve and a good draft) the CPU's shape only delays them: its explorations time the
+    curve and it speculates for most of a long answer."""
+    steep, v = CostPrior.cpu(), curve(XEON)
+    assert steep == CostPrior(slope=0.5)
     assert steep.verify_steps(3) == pytest.approx(2.0) and steep.draft_step == CostPrior().draft_step
     with pytest.raises(ValueError, match="slope >= 0"):
         CostPrior(slope=-0.1)
@@ -118,6 +120,32 @@ def test_a_steep_prior_decodes_plainly_and_still_finds_a_draft_that_pays():
     rate, ks = _run_with_catch_up(AdaptivePolicy(8, prior=steep), flat, 0.1, 0.8, 1000, per_token=0.03)
     first = next(t for t, k in enumerate(ks) if k)
     assert 0 < first < 120 and rate > 1.8
+
+
+def test_the_cli_starts_a_real_model_on_a_cpu_without_a_record_from_a_cpus_shape(tmp_path, monkeypatch):
+    """recorded_cost_prior with nothing recorded: a target of 100 MB or more of weights (its GGUF file, or its
+    directory's safetensors) starts from CostPrior.cpu(); a smaller one (a forward of a few MB is fixed costs: flat)
+    and a model the caller built (no path) from the default; a GPU from the default whatever the size."""
+    from specdecode.models.sources import LoadedModel
+
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))  # nothing recorded
+    opts = ModelOptions(target="qwen2.5-coder-1.5b-instruct", draft="smollm2-135m-instruct")
+
+    def loaded(path, size: int, device: str = "cpu") -> LoadedModel:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            f.truncate(size)  # sparse: the size without the bytes
+        model = types.SimpleNamespace(device=torch.device(device))
+        return LoadedModel(model=model, tokenizer=None, name="m", path=str(path if path.suffix == ".gguf" else
+                                                                             path.parent))
+
+    assert recorded_cost_prior(opts, loaded(tmp_path / "big.gguf", 900 * 2**20)) == CostPrior.cpu()
+    assert recorded_cost_prior(opts, loaded(tmp_path / "hf" / "model.safetensors", 300 * 2**20)) == CostPrior.cpu()
+    assert recorded_cost_prior(opts, loaded(tmp_path / "tiny" / "model.safetensors", 2 * 2**20)) is None
+    assert recorded_cost_prior(opts, object()) is None
+    gpu = ModelOptions(target=opts.target, draft=opts.draft, device_map="auto")
+    assert recorded_cost_prior(gpu, loaded(tmp_path / "big.gguf", 900 * 2**20)) is None
+    assert recorded_cost_prior(opts, loaded(tmp_path / "big.gguf", 900 * 2**20, device="cuda")) is None
 
 
 def _record(path, entries: dict) -> None:

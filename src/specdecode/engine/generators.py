@@ -90,7 +90,8 @@ class SpeculativeGenerator:
     up to this many tokens of finished rows' KV and start new prompts that begin the same from a copy of it
     (prefix_cache.py; 0: off; a llama.cpp backend needs max_rows above the batch for the parked prefixes).
     cost_prior: what the policy takes a step to cost before it has timed one (policy.estimates.CostPrior; by
-    default a GPU's shape; the CLI and the server pass this machine's recorded costs of the target).
+    default a GPU's shape; the CLI and the server pass this machine's recorded costs of the target, or a CPU's
+    shape: pairing.starting_costs).
     """
 
     def __init__(self, target, draft, num_speculative_tokens: int | str = "auto", method: str = "leviathan",

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from .draft_choice import DraftChoice
+from .starting_costs import on_gpu, recorded_cost_prior
 from ..errors import OptionError
 from ..policy.speculation import AUTO, Speculation
 
@@ -327,9 +328,9 @@ def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None,
     if not opts.draft_is_auto:
         return None, None
     model_name = auto_draft_model(opts)
-    on_gpu = _on_gpu(opts, target)
+    gpu = on_gpu(opts, target)
     costs, model = None, None
-    if model_name is not None and not on_gpu:
+    if model_name is not None and not gpu:
         key = auto_cost_key(opts, model_name)
         costs = load_costs(key)
         if costs is None and not first_run_waits and leave_to_next_run(key):
@@ -341,36 +342,13 @@ def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None,
                 costs, model = measure_auto_costs(opts, target, model_name, rows, progress)
             if costs.sure:
                 save_costs(key, costs)
-    choice: DraftChoice = choose_draft(model_name, costs, on_gpu, acceptance=auto_acceptance(opts, model_name))
+    choice: DraftChoice = choose_draft(model_name, costs, gpu, acceptance=auto_acceptance(opts, model_name))
     opts.draft, opts.draft_choice = choice.draft, choice
     if not choice.uses_model:
         model = None  # released: a draft that is not used takes no memory
     elif model is None:
         model = load_draft_model(opts, rows, progress)
     return choice, model
-
-
-def _on_gpu(opts: ModelOptions, target) -> bool:
-    return getattr(getattr(target, "device", None), "type", "cpu") != "cpu" or opts.device_map is not None
-
-
-def recorded_cost_prior(opts: ModelOptions, target):
-    """What the speculation policy takes a step to cost before it times one (policy.estimates.CostPrior): on a CPU,
-    the costs of this target recorded on this machine (by `--draft auto` or `advise`; the draft step's only where
-    they were this draft model's and timed); None on a GPU or without a record (the policy's default, a GPU's
-    shape). On 2 cores that default takes verifying 2 tokens for 1.15 steps where it costs 1.7, and a run's first
-    steps draft where nothing can pay."""
-    from ..policy.estimates import CostPrior
-    from .draft_choice import recorded_target_costs
-
-    if not opts.has_draft or _on_gpu(opts, target):
-        return None
-    found = recorded_target_costs(opts.target, opts.draft_model, opts.backend, opts.threads)
-    if found is None:
-        return None
-    costs, same_draft = found
-    timed = same_draft and not costs.draft_step_floor and costs.draft_step > 0
-    return CostPrior.measured(costs.verify, costs.draft_step if timed else None)
 
 
 def measure_auto_costs(opts: ModelOptions, target, model_name: str, rows: int = 1, progress=None):

@@ -5,11 +5,12 @@ step whose drafts run no model: Outlook.free) and v(n, B) one target forward of 
 are learned from the loop's own timings, per batch size (machine, backend, dtype and B all change them). A cost never
 measured for this B is estimated: linearly between measured n; outside them (or with nothing measured) by the shape of
 the nearest measured batch size, else of the prior (CostPrior: v(n) = 1 + 0.15 (n - 1) target steps, a GPU's shape,
-or this machine's curve where `--draft auto` recorded one for the target), scaled to the nearest measured point; an
-unmeasured draft step is the prior's (0.3 target steps, or the recorded one for this draft model). Row b drafting k tokens with conditional acceptances
-a_1..a_k (a_i = P(draft i kept | drafts 1..i-1 kept)) yields  E_b(k) = 1 + sum_{j<=k} prod_{i<=j} a_i  tokens (the 1
-is the resampled or bonus token). The policy picks the K in 0..max_k maximising  sum_b E_b(min(K, cap_b)) / time(K);
-with a constant a this is Leviathan et al.'s (1 - a^(K+1)) / ((1 - a)(K c + v(K+1))). K = 0 is a plain step.
+this machine's curve where `--draft auto` recorded one for the target, or 1 + 0.5 (n - 1) for a real model on a CPU
+without one), scaled to the nearest measured point; an unmeasured draft step is the prior's (0.3 target steps, or the
+recorded one for this draft model). Row b drafting k tokens with conditional acceptances a_1..a_k (a_i = P(draft i
+kept | drafts 1..i-1 kept)) yields  E_b(k) = 1 + sum_{j<=k} prod_{i<=j} a_i  tokens (the 1 is the resampled or bonus
+token). The policy picks the K in 0..max_k maximising  sum_b E_b(min(K, cap_b)) / time(K); with a constant a this is
+Leviathan et al.'s (1 - a^(K+1)) / ((1 - a)(K c + v(K+1))). K = 0 is a plain step.
 
 Acceptance is counted per position, per row and for the whole batch, with exponential forgetting so the
 estimate follows the text (code inside prose, a change of topic). A row that kept n of its k drafts shows

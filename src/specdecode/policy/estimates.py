@@ -16,7 +16,8 @@ WARM_SAMPLES = 2           # the first timings of a shape may include a warm-up:
                            # K as untried (worth exploring) until it has this many
 PRIOR_ACCEPTANCE = 0.7     # before any evidence; drives only the first step or two
 PRIOR_DRAFT_STEPS = 0.3    # an unmeasured draft step, in target steps
-PRIOR_VERIFY_SLOPE = 0.15  # an unmeasured forward of n tokens is 1 + 0.15 (n - 1) target steps
+PRIOR_VERIFY_SLOPE = 0.15  # an unmeasured forward of n tokens is 1 + 0.15 (n - 1) target steps (a GPU's shape)
+CPU_VERIFY_SLOPE = 0.5     # ... a CPU's (CostPrior.cpu): 2-core CPUs measured 0.43-0.72 a token for a 1.5B model
 DECAY = 0.97               # evidence kept per step: a half-life of ~23 steps (~60 tokens at 3 tokens a step)
 PRIOR_CATCH_UP = 0.2       # an unmeasured catch-up, in draft steps per token fed
 
@@ -99,8 +100,9 @@ class CostPrior:
     steeper (2 tokens 1.6-1.7 steps on 2 cores), so there the defaults spend a run's first steps on drafts that
     cannot pay. `verify` holds a machine's measured (n, v(n)) points (the costs `--draft auto` recorded for this
     target, pairing/draft_choice.py): between them v is interpolated, past the last extended along the last two.
-    Without them v is a line of `slope` (a steeper one, e.g. 0.5, is a CPU's shape; docs/BENCHMARKS.md measured what
-    it changes on 2 cores: the CLI keeps the default)."""
+    Without them v is a line of `slope`: `cpu()` is a CPU's shape, which the CLI starts a real model from where
+    nothing is recorded (pairing.pair.recorded_cost_prior): it decodes plainly until its explorations, bounded by
+    their catch-up's budget, time the curve."""
 
     verify: tuple[tuple[int, float], ...] = ()
     draft_step: float = PRIOR_DRAFT_STEPS
@@ -118,6 +120,10 @@ class CostPrior:
     def measured(cls, verify: Mapping[int, float], draft_step: float | None = None) -> "CostPrior":
         return cls(tuple(sorted({1: 1.0, **{int(n): float(v) for n, v in verify.items()}}.items())),
                    PRIOR_DRAFT_STEPS if draft_step is None else float(draft_step))
+
+    @classmethod
+    def cpu(cls) -> "CostPrior":
+        return cls(slope=CPU_VERIFY_SLOPE)
 
     def verify_steps(self, n: int) -> float:
         points, ns = self._points, self._ns
