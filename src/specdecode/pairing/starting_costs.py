@@ -13,9 +13,9 @@ STEEP_BYTES = 100 * 2**20  # a target this large streams its weights for longer 
 def on_gpu(opts, target) -> bool:
     """Whether the target runs on a GPU: its model's device (a LoadedModel's model: a transformers model or a
     backend, both with a device), or a device map that spreads it over devices."""
-    from ..models.sources import LoadedModel
+    from ..text.vocab import unwrap_model
 
-    model = target.model if isinstance(target, LoadedModel) else target
+    model, _ = unwrap_model(target)
     return getattr(getattr(model, "device", None), "type", "cpu") != "cpu" or opts.device_map is not None
 
 
