@@ -95,6 +95,26 @@ def _share_the_cores(request, tmp_path_factory):
             cores.close()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _suite_costs(tmp_path_factory):
+    """The costs the CLI times and records (costs.json) go to the suite's own file, not the user's: a test's models
+    never land in the user's record, and no test reads what the user's machine recorded (a record there changes what
+    `--draft auto` and `-k auto` do). Set before any module's fixtures, so the servers they start inherit it."""
+    previous = os.environ.get("SPECDECODE_COSTS")
+    os.environ["SPECDECODE_COSTS"] = str(tmp_path_factory.mktemp("costs") / "costs.json")
+    yield
+    if previous is None:
+        os.environ.pop("SPECDECODE_COSTS", None)
+    else:
+        os.environ["SPECDECODE_COSTS"] = previous
+
+
+@pytest.fixture(autouse=True)
+def _own_costs(monkeypatch, tmp_path_factory):
+    """Each test starts with nothing recorded: what another test timed must not decide this one's draft or K."""
+    monkeypatch.setenv("SPECDECODE_COSTS", str(tmp_path_factory.mktemp("costs") / "costs.json"))
+
+
 CORPUS = [
     "def quicksort(arr):\n    if len(arr) <= 1:\n        return arr\n    pivot = arr[len(arr) // 2]\n",
     "    left = [x for x in arr if x < pivot]\n    return quicksort(left) + middle + quicksort(right)\n",

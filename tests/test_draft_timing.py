@@ -294,3 +294,15 @@ def test_the_auto_draft_is_prepared_alongside_only_where_a_core_is_spare(monkeyp
     assert pair._unprepared_draft(explicit).name == "smollm2-135m-instruct"  # a named draft is always needed
     monkeypatch.setattr(pair, "_cores", lambda: pair.SPARE_CORES)
     assert pair._unprepared_draft(opts).name == "smollm2-135m-instruct"
+
+
+def test_specdecode_costs_names_the_file_the_costs_are_kept_in(tmp_path, monkeypatch):
+    """README: the costs are recorded in the cache's costs.json, or where SPECDECODE_COSTS says (the suite keeps its
+    own there, so no test writes the user's record or reads it)."""
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECDECODE_COSTS")
+    assert draft_choice.costs_path() == tmp_path / "cache" / "costs.json"
+    monkeypatch.setenv("SPECDECODE_COSTS", str(tmp_path / "elsewhere.json"))
+    draft_choice.save_costs("a key", DraftCosts(0.3, {1: 1.0, 2: 1.5}))
+    assert draft_choice.load_costs("a key").verify == {1: 1.0, 2: 1.5}
+    assert (tmp_path / "elsewhere.json").exists() and not (tmp_path / "cache").exists()

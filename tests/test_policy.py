@@ -380,30 +380,40 @@ def test_no_probes_where_no_draft_could_pay():
     assert sum(k > 0 for k in ks[200:]) >= 3
 
 
-def test_a_probe_waits_until_its_catch_up_is_affordable():
-    """A probe makes the draft feed what it missed; it waits until that is at most 2 % of the plain time since the
-    last trial, so rows far behind (or many rows) are probed less often."""
+def _probe_steps(draft_step: float, steps: int = 800) -> list[int]:
+    """The steps a policy probes on, for a draft 32 tokens behind (catch-up 0.32 s) whose drafts all fail, with plain
+    steps of 0.1 s and a forward of n tokens costing 0.1 + 0.01 (n - 1) s (after the first steps' exploration)."""
     policy = AdaptivePolicy(8)
     rows = [policy.new_row()]
     policy.observe(rows, 0, [0], 1, 0.0, 0.1)
-    policy.observe(rows, 2, [0], 1, 0.02, 0.12)  # cheap drafts (a good one could pay) that all failed
+    policy.observe(rows, 2, [0], 1, 2 * draft_step, 0.12)  # drafts (a good one could pay) that all failed
     policy.observe_catch_up(100, 1.0)  # 10 ms per token fed
+    assert policy.catch_up_cost(10) == pytest.approx(0.1)
     rows[0].behind = rows[0].probe_behind = 32
     ks = []
-    for _ in range(400):
+    for _ in range(steps):
         k = policy.choose(rows, [8])
         ks.append(k)
-        policy.observe(rows, k, [0], 1, 0.01 * k, 0.1 + 0.01 * k)
-    trials = [t for t, k in enumerate(ks) if k and t > 5]  # after the first steps' exploration
-    # catch-up 0.32 s needs >= 0.32 / 0.02 = 16 s of plain steps (160 steps of 0.1 s) before each probe
-    assert len(trials) >= 2 and trials[0] >= 160 and all(b - a >= 160 for a, b in zip(trials, trials[1:]))
-    assert policy.catch_up_cost(10) == pytest.approx(0.1)
+        policy.observe(rows, k, [0], 1, draft_step * k, 0.1 + 0.01 * k)
+    return [t for t, k in enumerate(ks) if k and t > 5]
+
+
+def test_a_probe_waits_until_its_catch_up_is_affordable():
+    """A probe makes the draft feed what it missed and spends a step on drafts the evidence says will fail; it waits
+    until the two together are at most 1 % of the plain time since the last trial, so rows far behind (or many
+    rows), and drafts that cost more, are probed less often."""
+    trials = _probe_steps(0.01)
+    # catch-up 0.32 s needs >= 0.32 / 0.01 = 32 s of plain steps (320 steps of 0.1 s) before each probe
+    assert len(trials) >= 2 and trials[0] >= 320 and all(b - a >= 320 for a, b in zip(trials, trials[1:]))
+    # the same catch-up before a probe whose drafts cost 0.05 s each: its step's expected loss counts too
+    costly = _probe_steps(0.05)
+    assert costly and costly[0] > trials[0] + 20 and all(b - a > 340 for a, b in zip(costly, costly[1:]))
 
 
 @pytest.mark.parametrize("left", [150, 10_000])
 def test_a_probe_waits_for_tokens_left_to_pay_its_catch_up_back(left):
-    """Near the end of the rows' answers a probe's catch-up could not be repaid: it waits until the catch-up is also
-    at most 2 % of the plain time the rows' remaining tokens take, so a short answer is not probed at all (on a
+    """Near the end of the rows' answers a probe's catch-up could not be repaid: it waits until its cost is also
+    at most 1 % of the plain time the rows' remaining tokens take, so a short answer is not probed at all (on a
     2-core CPU a probe of a 135M draft of another tokenizer cost 3 steps of its catch-up, 5 in all: 4 % of 128
     tokens)."""
     policy = AdaptivePolicy(8)
@@ -413,13 +423,13 @@ def test_a_probe_waits_for_tokens_left_to_pay_its_catch_up_back(left):
     policy.observe_catch_up(100, 1.0)  # 10 ms per token fed: a catch-up of 32 costs 0.32 s, 3.2 plain steps
     rows[0].behind = rows[0].probe_behind = 32
     ks = []
-    for t in range(min(400, left)):
+    for t in range(min(800, left)):
         rows[0].remaining = left - t
         k = policy.choose(rows, [8])
         ks.append(k)
         policy.observe(rows, k, [0], 1, 0.01 * k, 0.1 + 0.01 * k)
     trials = [t for t, k in enumerate(ks) if k and t > 5]
-    if left == 150:  # 0.32 s needs 160 steps left: none of a 150-token answer's steps is probed
+    if left == 150:  # 0.32 s needs 320 steps left: none of a 150-token answer's steps is probed
         assert trials == []
     else:
         assert len(trials) >= 2

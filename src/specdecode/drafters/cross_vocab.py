@@ -218,8 +218,8 @@ class CrossVocabDrafter(Drafter):
 
     def observe(self, outcome: DraftOutcome) -> None:
         """Each row's drafts kept go to its method's record ("auto" chooses by it). The rows' new tokens are read
-        from their texts when the next step asks (_read), so steps the policy decodes plainly (it asks nothing) cost
-        no tokenizing; the next proposal keeps the KV as far as it agrees with the row's draft tokens."""
+        from their texts when the next proposal needs them (_read), so plain steps cost no tokenizing; the next
+        proposal keeps the KV as far as it agrees with the row's draft tokens."""
         if outcome.proposal is None or self.method != "auto":  # a plain step, or no choice to make: nothing read
             return
         for row, kept in zip(self._rows.values(), outcome.kept):
@@ -236,9 +236,11 @@ class CrossVocabDrafter(Drafter):
 
     # ------------------------------------------------------------------ the step
     def outlook(self, rows: DraftRows) -> DraftOutlook:
-        """Every row can take the step's widest K; behind: the draft tokens its KV lacks."""
-        self._read()
-        behind = [r.kv.behind(r.bridged.draft.ids, r.changed) for r in self._rows.values()]
+        """Every row can take the step's widest K; behind: the draft tokens its KV lacks, a target token not read yet
+        counted as one. The rows are not read here: reading tokenizes the new text (~0.4 ms of a 65 ms step on 2
+        cores, 1 % of a plain step), and a policy that decodes plainly asks the outlook on every step; behind only
+        prices a catch-up, and K may be any function of the past, so an estimate keeps the output exact."""
+        behind = [r.kv.behind(r.bridged.draft.ids, r.changed) + len(r.text) - r.read for r in self._rows.values()]
         return DraftOutlook([rows.widest] * len(behind), behind=behind,
                             probe_behind=[min(n, self.catch_up_window) for n in behind])
 

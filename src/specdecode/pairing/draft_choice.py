@@ -197,9 +197,10 @@ def cost_key(target: str, draft: str, backend: str, threads: int | None, draft_q
 
 
 def costs_path() -> Path:
+    """$SPECDECODE_COSTS, else costs.json in the cache (a test suite keeps its own, apart from the user's)."""
     from ..models.catalog import cache_dir
 
-    return cache_dir() / "costs.json"
+    return Path(os.environ.get("SPECDECODE_COSTS") or cache_dir() / "costs.json")
 
 
 def load_costs(key: str) -> DraftCosts | None:

@@ -30,13 +30,14 @@ Plain steps and probes. When no K pays the policy decodes plainly (it stops spec
 last speculating step's: a short match after a long one is another bet, judged on its own) and probes, with the K
 most likely to pay, after 8 plain steps; each failed probe doubles the wait (16, 32, ... 256), so probes cost well
 under 1 % in the long run. A probe that makes the draft catch up (a model that has not read the plain steps' tokens)
-also waits until that catch-up costs at most 2 % of the plain decoding time since the last trial and of the plain
-time the rows' remaining tokens will take, where their lengths are known (a probe near the end has no tokens left to
-pay it back); an exploration from plain steps waits the same way. On a 2-core CPU a 135M draft's catch-up of its
-32-token window costs ~3 target steps, most of a probe's cost there: its probes wait ~150 steps, and an answer of 128
-tokens is not probed at all. A probe that beat a plain step is evidence the text has changed: the old evidence is
-cut to 30 % and the probe is repeated at once, so a draft that agrees again gets speculation back within a few steps
-of the next probe; as soon as the estimates say a K pays the wait is reset to 8.
+also waits until its cost, that catch-up plus what its step is expected to lose against plain steps, is at most 1 %
+of the plain decoding time since the last trial and of the plain time the rows' remaining tokens will take, where
+their lengths are known (a probe near the end has no tokens left to pay it back); an exploration from plain steps
+waits the same way (its step priced at the lower bound that made it worth trying). On a 2-core CPU a 135M draft's
+catch-up of its 32-token window costs ~2-3 target steps and its K = 1 step loses ~0.7 more: its probes wait ~300
+steps. A probe that beat a plain step is evidence the text has changed: the old evidence is cut to 30 % and the
+probe is repeated at once, so a draft that agrees again gets speculation back within a few steps of the next probe;
+as soon as the estimates say a K pays the wait is reset to 8.
 
 Settling. Where even full acceptance cannot beat plain decoding at the measured costs (max over K of
 (K + 1) / (K c + v(K + 1)) <= 1, v extrapolated along its measured slope beyond the timed n), no text can make a
@@ -50,10 +51,10 @@ drafter's cost does not grow with K, and suffix+MODEL's copies can pay where its
 Exploring costs. A K whose verification was never timed for this batch size is tried when, costed at a lower
 bound (no cheaper than a shorter forward measured, nor than 1/m of a longer one of m tokens, nor than 85 % of what
 a curve measured on this machine predicts), it could beat the best estimate; so a wrong prior cannot lock in a bad
-K, and a recorded one spares a CPU the explorations that cannot pay there. Timings are robust to warm-up (the first two samples of
-a shape keep their minimum, and a K counts as untried until it has two) and to stalls (a cost is the median of
-its last 15 timings; on a shared 2-core VM a moving average was pulled up by them, which made drafts look cheap
-next to an inflated plain step).
+K, and a recorded one spares a CPU the explorations that cannot pay there. Timings are robust to warm-up (the first
+two samples of a shape keep their minimum, and a K counts as untried until it has two) and to stalls (a cost is the
+median of its last 15 timings; on a shared 2-core VM a moving average was pulled up by them, which made drafts look
+cheap next to an inflated plain step).
 
 Losslessness. K (and each row's cap) is a function of what is known before the step's drafts are drawn: past
 acceptance and past timings. Given the prefix, every token a step emits has the target's distribution whatever K
@@ -79,8 +80,9 @@ PROBE_FIRST, PROBE_MAX = 8, 256
 CEILING_ACCEPTANCE = 0.95  # the best acceptance a probe could find; if even that cannot pay, probing is waste
 PRIOR_TRUST = 0.85         # a recorded v(n) (CostPrior.verify) may be this far off today: untried K are explored
                            # only where they could pay at 85 % of it
-TRIAL_BUDGET = 0.02        # a probe or an exploration may cost its draft's catch-up only up to 2 % of the plain
-                           # decoding time since the last one, and of the plain time the rows' remaining tokens take
+TRIAL_BUDGET = 0.01        # a probe or an exploration from plain steps may cost (its draft's catch-up and its step's
+                           # expected loss) up to 1 % of the plain decoding time since the last one, and of the plain
+                           # time the rows' remaining tokens take
 REFRESH_STEPS = 128        # speculating this long without a plain step: time plain steps afresh (only they can)
 THIN_EVIDENCE = 10         # an explanation counts the drafts behind an acceptance measured on fewer than this
 SETTLED_STEPS = 1024       # steps of plain decoding, with nothing drafted or probed, once no draft could ever pay
@@ -332,26 +334,28 @@ class AdaptivePolicy(Policy):
         untried = {k: tokens[k] / self._optimistic_time(k, batch) for k in range(top + 1)
                    if k + 1 not in measured or measured[k + 1].count < WARM_SAMPLES}
         catch_up = self.catch_up_cost(sum(r.probe_behind for r in rows))
-        affordable = catch_up <= TRIAL_BUDGET * self._plain_time and \
-            (not catch_up or catch_up <= TRIAL_BUDGET * self._remaining_time(rows, batch))  # read only when it may bind
-        if untried and max(untried.values()) > rates[best] and (best > 0 or affordable):
-            self.explorations += 1
-            self.trial = best == 0
-            return max(untried, key=untried.__getitem__)
+        if untried and max(untried.values()) > rates[best]:
+            explore = max(untried, key=untried.__getitem__)
+            if best > 0 or self._affordable(rows, batch, catch_up, tokens[explore], untried[explore], rates[0]):
+                self.explorations += 1
+                self.trial = best == 0
+                return explore
         if best > 0:
             self._plain_run, self._wait = 0, PROBE_FIRST
             return best
         self._plain_run += 1
         recheck, self._recheck = self._recheck, False
-        if recheck and affordable:  # a settled stretch is over: one probe re-times the draft and a verification
-            self._plain_run, self._probing, self.trial = 0, True, True
+        if recheck and self._affordable(rows, batch, catch_up, tokens[1], rates[1], rates[0]):
+            self._plain_run, self._probing, self.trial = 0, True, True  # one probe re-times the draft and a verify
             self.probes += 1
             return 1
-        if self._plain_run < self._wait or not affordable or not self._could_pay(caps, batch, rates[0]):
+        probe = max(range(1, top + 1), key=rates.__getitem__)  # the K most likely to pay
+        if self._plain_run < self._wait or not self._could_pay(caps, batch, rates[0]) or \
+                not self._affordable(rows, batch, catch_up, tokens[probe], rates[probe], rates[0]):
             return 0  # not yet, or not worth it: where no text could make a draft pay, probes are pure loss
         self._plain_run, self._probing, self.trial = 0, True, True
         self.probes += 1
-        return max(range(1, top + 1), key=rates.__getitem__)  # the K most likely to pay
+        return probe
 
     def summary(self) -> dict:
         return {**super().summary(), "settles": self.settles, "settled": self.settled}
@@ -380,6 +384,19 @@ class AdaptivePolicy(Policy):
             return True  # in step (or nothing known of the rows' lengths): nothing to repay
         saved = sum(r.remaining for r in rows) * (1 / plain_rate - 1 / rate)
         return saved > self.catch_up_cost(backlog)
+
+    def _affordable(self, rows: list[RowState], batch_size: int, catch_up: float, tokens: float, rate: float,
+                    plain_rate: float) -> bool:
+        """Whether a trial from plain steps fits TRIAL_BUDGET. Its cost is the draft's catch-up plus what its step
+        is expected to lose against plain steps: its tokens at its rate (an exploration's at the lower bound that
+        made it worth trying, so a pessimistic prior does not also delay the timing that corrects it) against the
+        same tokens at the plain rate. On a 2-core CPU a K = 1 probe of a 135M draft lost ~0.7 steps beside its
+        ~2-step catch-up, and with the catch-up alone counted trials took 1.5 % of a 512-token answer. A draft in
+        step (no catch-up) is not bounded here: its probes' doubling wait keeps them well under 1 %."""
+        if not catch_up:
+            return True
+        cost = catch_up + tokens * max(0.0, 1 / rate - 1 / plain_rate)
+        return cost <= TRIAL_BUDGET * self._plain_time and cost <= TRIAL_BUDGET * self._remaining_time(rows, batch_size)
 
     def _remaining_time(self, rows: list[RowState], batch_size: int) -> float:
         """Seconds of plain steps the rows' remaining tokens will take (infinite where a row's length is unknown)."""
