@@ -237,8 +237,8 @@ class CrossVocabDrafter(Drafter):
     # ------------------------------------------------------------------ the step
     def outlook(self, rows: DraftRows) -> DraftOutlook:
         """Every row can take the step's widest K; behind: the draft tokens its KV lacks, a target token not read yet
-        counted as one. The rows are not read here: reading tokenizes the new text (~0.4 ms of a 65 ms step on 2
-        cores, 1 % of a plain step), and a policy that decodes plainly asks the outlook on every step; behind only
+        counted as one. The rows are not read here: reading tokenizes the new text (0.47 ms of a 65 ms step on 2
+        cores on the real pair), and a policy that decodes plainly asks the outlook on every step; behind only
         prices a catch-up, and K may be any function of the past, so an estimate keeps the output exact."""
         behind = [r.kv.behind(r.bridged.draft.ids, r.changed) + len(r.text) - r.read for r in self._rows.values()]
         return DraftOutlook([rows.widest] * len(behind), behind=behind,
