@@ -152,7 +152,8 @@ def ref_speculate(log: RefLog, tail, max_tokens, min_prob, factor=1.0, offset=0.
     found = log.match(list(tail), before)
     best = Draft()
     for m in sorted({length for _, length in found}, reverse=True):
-        limit = min(max_tokens, int(m * factor + offset + 1e-6))
+        # a match as deep as the index reaches may be longer than it can see: it drafts all max_tokens
+        limit = max_tokens if m >= MAX_MATCH else min(max_tokens, int(m * factor + offset + 1e-6))
         if limit <= best.score:
             break
         rows = [(e, log.following(e, max_tokens)) for e, length in found if length >= m]

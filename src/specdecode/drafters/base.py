@@ -161,7 +161,7 @@ def match_class(length: int) -> int:
 
 
 class Drafter:
-    """The drafter contract: four verbs (outlook, propose, observe, relayout) and four declarations."""
+    """The drafter contract: four verbs (outlook, propose, observe, relayout) and five declarations."""
 
     max_rows: int | None = None  # rows its cache can hold (None: no limit)
     needs_hidden_states: bool = False  # True: the loop hands the target's last hidden states to observe/relayout
@@ -169,6 +169,9 @@ class Drafter:
     # every draft costs a model's forwards (none is a free copy): only such a drafter lets the policy settle, i.e.
     # stop drafting where no K could pay even with every draft kept (policy/choose.py)
     drafts_from_model: bool = False
+    # some steps' drafts are copies that run no model (DraftOutlook.free): the generator lets the policy verify those
+    # up to max_copy_tokens, far past a model draft's K, since a long match's copy is kept nearly whole
+    copies: bool = False
 
     def outlook(self, rows: DraftRows) -> DraftOutlook:
         """Per row, how many drafts it can really propose this step (prompt lookup: its match's length; at most

@@ -53,12 +53,16 @@ class _Row:
 
 
 class SuffixDrafter(Drafter):
-    """Drafts from a suffix index of each row's context and a shared history of earlier requests.
+    """Drafts from a suffix index of each row's context and a shared history of earlier requests (copies: no model
+    forward, so its steps are free and the policy may verify them up to its max_copy_k).
 
     history: a SuffixHistory to share (a server's); a new one of history_tokens tokens otherwise (0: no history).
     key: the history key of rows that join (None: the unkeyed history). min_prob: the estimated acceptance below
-    which a draft stops. max_spec_factor / max_spec_offset: a match of m tokens drafts at most m * factor + offset.
+    which a draft stops. max_spec_factor / max_spec_offset: a match of m tokens drafts at most m * factor + offset
+    (a match of max_match tokens, the whole tail looked for, drafts as many as asked).
     """
+
+    copies = True
 
     def __init__(self, history: SuffixHistory | None = None, key: str | None = None, min_prob: float = 0.1,
                  max_spec_factor: float = 1.0, max_spec_offset: float = 0.0, max_match: int = MAX_MATCH,
@@ -159,7 +163,7 @@ class SuffixDrafter(Drafter):
         widest = rows.widest
         return DraftOutlook([len((d.tree[0] if trees else d.tokens)[:widest]) for d in drafts],
                             [match_class(d.match) if d.tokens else None for d in drafts], [d.score for d in drafts],
-                            plan=(trees, drafts))
+                            free=True, plan=(trees, drafts))
 
     def propose(self, choice: DraftChoice, context: DraftContext) -> Proposal:
         trees, drafts = choice.outlook.plan
@@ -168,7 +172,7 @@ class SuffixDrafter(Drafter):
             rows = [(t[:n] + text.tail(1) * (k - len(t[:n])), padded(p[:n], k))
                     for (t, p, _), n, text in zip((d.tree for d in drafts), choice.k_rows, context.texts)]
             return Proposal(torch.tensor([r for r, _ in rows], dtype=torch.long).reshape(len(rows), k),
-                            parents=[p for _, p in rows])
+                            parents=[p for _, p in rows], free=True)
         # Past a row's draft (or with none) its positions are not verified (k_rows stops there): pad.
         rows = [d.tokens[:k] + text.tail(1) * (k - len(d.tokens[:k])) for d, text in zip(drafts, context.texts)]
-        return Proposal(torch.tensor(rows, dtype=torch.long).reshape(len(rows), k))
+        return Proposal(torch.tensor(rows, dtype=torch.long).reshape(len(rows), k), free=True)

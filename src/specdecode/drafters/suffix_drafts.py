@@ -8,7 +8,7 @@ import heapq
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .suffix_index import SEP, WALK, TokenLog
+from .suffix_index import MAX_MATCH, SEP, WALK, TokenLog
 
 
 @dataclass
@@ -27,19 +27,30 @@ class Draft:
     tree: tuple | None = None  # (tokens, parents, score) of its token tree, when the drafter grows trees
 
 
+def draft_limit(match: int, max_tokens: int, factor: float, offset: float) -> int:
+    """The longest draft a match of `match` tokens allows: match * factor + offset (SuffixDecoding's rule), and all
+    max_tokens where the match is as deep as the index reaches (MAX_MATCH): such a match may be far longer than it
+    could be seen (a file copied whole), and a long copy's draft pays at its full length (the policy chooses how much
+    of it to verify from the acceptance of its match class)."""
+    if match >= MAX_MATCH:
+        return max_tokens
+    return min(max_tokens, int(match * factor + offset + 1e-6))
+
+
 def speculate(log: TokenLog, tail: list[int], max_tokens: int, min_prob: float, factor: float = 1.0,
               offset: float = 0.0, before: int | None = None, beat: float | None = None) -> Draft:
     """The best draft of at most max_tokens from log for a context ending in tail (SuffixDecoding's path
-    speculation): for each match length m found, the most frequent path below it, cut at m * factor + offset
-    tokens and where the estimated acceptance falls below min_prob; the highest score wins (ties: the longer
-    match). beat: only a draft scoring above it is wanted; where none can, the empty draft comes back (sooner)."""
+    speculation): for each match length m found, the most frequent path below it, cut at draft_limit(m) tokens
+    (m * factor + offset; all max_tokens for a match of MAX_MATCH tokens) and where the estimated acceptance falls
+    below min_prob; the highest score wins (ties: the longer match). beat: only a draft scoring above it is wanted;
+    where none can, the empty draft comes back (sooner)."""
     if max_tokens <= 0 or not tail:
         return Draft()
     tail, need = tail if isinstance(tail, list) else list(tail), 1
     if beat is not None and factor >= 0:  # (limits grow with the match length m)
         # A draft of limit tokens scores at most limit (each token's estimate is <= 1, exactly so in floats too):
         # only matches of `need` tokens or more can beat `beat`.
-        while min(max_tokens, int(need * factor + offset + 1e-6)) <= beat:
+        while draft_limit(need, max_tokens, factor, offset) <= beat:
             if need == len(tail):
                 return Draft()
             need += 1
@@ -50,7 +61,7 @@ def speculate(log: TokenLog, tail: list[int], max_tokens: int, min_prob: float, 
         return Draft()
     best, best_score, shortest = None, 0.0, min(lengths)
     for m in sorted(set(lengths), reverse=True) if shortest < max(lengths) else (shortest,):
-        limit = min(max_tokens, int(m * factor + offset + 1e-6))
+        limit = draft_limit(m, max_tokens, factor, offset)
         if limit <= best_score or (beat is not None and limit <= beat):  # shorter matches draft no more tokens
             break
         chosen = ends if m == shortest else [e for e, length in zip(ends, lengths) if length >= m]

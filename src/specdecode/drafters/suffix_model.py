@@ -92,6 +92,7 @@ class SuffixModelDrafter(Drafter):
         self.min_score = min_score
         self.vocab_size = self.model_drafter.vocab_size
         self.max_rows = self.model_drafter.max_rows
+        self.copies = self.suffix.copies  # its free steps are the suffix's copies
         self.needs_hidden_states = self.model_drafter.needs_hidden_states or self.suffix.needs_hidden_states
         self.counts = SourceCounts()
         self.forward_calls = 0  # the model's forwards, as its proposals report them

@@ -25,7 +25,7 @@ from .params import MAX_LOGPROBS, GenerationParams, per_row  # noqa: F401  (MAX_
 from .results import GenerationResult, TokenEvent
 from ..exact.sampling import SamplingParams
 from .session import DecodingSession
-from ..policy.speculation import AUTO, Speculation
+from ..policy.speculation import AUTO, MAX_COPY_K, Speculation
 from ..text.vocab import shared_vocab_size, tokenizer_eos_ids, unwrap_model
 
 Prompts = str | Sequence[str] | Sequence[Sequence[int]]
@@ -91,12 +91,15 @@ class SpeculativeGenerator:
     (prefix_cache.py; 0: off; a llama.cpp backend needs max_rows above the batch for the parked prefixes).
     cost_prior: what the policy takes a step to cost before it has timed one (policy.estimates.CostPrior; by
     default a GPU's shape; the CLI and the server pass this machine's recorded costs of the target, or a CPU's
-    shape: pairing.starting_costs).
+    shape: pairing.starting_costs). max_copy_tokens: with "auto" and a drafter that copies (suffix, suffix+MODEL), how
+    many tokens a step whose drafts are all free copies may verify (a long match's copy is kept nearly whole; the
+    policy times those verifications and picks the K that pays); a model's drafts stay within max_speculative_tokens.
     """
 
     def __init__(self, target, draft, num_speculative_tokens: int | str = "auto", method: str = "leviathan",
                  tokenizer=None, vocab_size: int | None = None, max_speculative_tokens: int = 8,
-                 timing: bool | None = None, prefix_cache_tokens: int = 0, cost_prior: CostPrior | None = None):
+                 timing: bool | None = None, prefix_cache_tokens: int = 0, cost_prior: CostPrior | None = None,
+                 max_copy_tokens: int = MAX_COPY_K):
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
         target_model, target_tok = unwrap_model(target)
@@ -110,10 +113,13 @@ class SpeculativeGenerator:
         self.target = as_backend(target_model, vocab)
         self.drafter = as_drafter(draft_model, vocab)
         self.max_speculative_tokens = max_speculative_tokens
+        # a drafter that copies (suffix, suffix+MODEL) verifies its free steps' copies up to max_copy_tokens
+        copies = self.drafter is not None and self.drafter.copies
+        self.max_copy_tokens = max(max_speculative_tokens, max_copy_tokens) if copies else None
         self.speculation = Speculation.parse(num_speculative_tokens if draft is not None else 0)
         self.num_speculative_tokens = str(self.speculation) if self.speculation.auto else self.speculation.k
         self.cost_prior = cost_prior
-        self.policy = make_policy(self.speculation, max_speculative_tokens, cost_prior)
+        self.policy = self._policy(self.speculation)
         self.method = method
         self.timing = self.target.device.type != "cuda" if timing is None else timing
         self.eos_token_ids = eos_token_ids(self.target) | tokenizer_eos_ids(self.tokenizer)
@@ -121,6 +127,10 @@ class SpeculativeGenerator:
         self.grammar_cache_entries = GRAMMAR_CACHE_ENTRIES
         self.prefix_cache = None
         self.set_prefix_cache(prefix_cache_tokens)
+
+    def _policy(self, speculation: Speculation):
+        copies = {} if self.max_copy_tokens is None else {"max_copy_k": self.max_copy_tokens}
+        return make_policy(speculation, self.max_speculative_tokens, self.cost_prior, **copies)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -176,7 +186,7 @@ class SpeculativeGenerator:
         if k is not None:
             speculation = Speculation.parse(k if self.drafter is not None else 0)
             if speculation != self.speculation:
-                policy = make_policy(speculation, self.max_speculative_tokens, self.cost_prior)
+                policy = self._policy(speculation)
         session = DecodingSession(self, policy)
         return TokenStream(session, [session.add(r) for r in requests])
 

@@ -72,7 +72,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from .estimates import DECAY, WARM_SAMPLES, CostPrior, PolicyEstimates, RowState, scale_evidence
-from .speculation import Speculation
+from .speculation import MAX_COPY_K, Speculation
 
 PROBE_FORGET = 0.3         # evidence kept when a probe pays: the text has changed since it was gathered
 MARGIN = 0.05              # speculation stops only when plain steps look 5 % faster: a noisy dip must not stop it
@@ -87,6 +87,8 @@ REFRESH_STEPS = 128        # speculating this long without a plain step: time pl
 THIN_EVIDENCE = 10         # an explanation counts the drafts behind an acceptance measured on fewer than this
 SETTLED_STEPS = 1024       # steps of plain decoding, with nothing drafted or probed, once no draft could ever pay
 RECHECK_DRIFT = 0.25       # ... after which a probe re-times the draft if a plain step's cost moved this much
+COPY_GRID = (12, 16, 24, 32, 48, 64)  # K past max_k whose verification is explored (timed); between them v(n) is
+                           # interpolated, so a long copy does not cost an exploration for every K up to max_copy_k
 
 
 @dataclass(slots=True)  # built every step: not frozen (a frozen dataclass costs ~3 us more to build)
@@ -284,10 +286,15 @@ class AdaptivePolicy(Policy):
     adaptive = True
 
     def __init__(self, max_k: int = 8, decay: float = DECAY, probe_forget: float = PROBE_FORGET,
-                 margin: float = MARGIN, prior: CostPrior | None = None):
+                 margin: float = MARGIN, prior: CostPrior | None = None, max_copy_k: int | None = None):
         if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 1:
             raise ValueError(f"AdaptivePolicy needs max_k >= 1, got {max_k!r}")
-        super().__init__(max_k, decay, prior)
+        if max_copy_k is not None and (isinstance(max_copy_k, bool) or not isinstance(max_copy_k, int)
+                                       or not max_k <= max_copy_k <= MAX_COPY_K):
+            raise ValueError(f"AdaptivePolicy needs max_copy_k in max_k..{MAX_COPY_K} ({max_k}..{MAX_COPY_K}) or "
+                             f"None, got {max_copy_k!r}")
+        super().__init__(max_copy_k or max_k, decay, prior)
+        self.model_k = max_k  # the widest step whose drafts run a model; free steps (copies) go up to self.max_k
         self.probe_forget = probe_forget
         self.margin = margin
         self._speculating = None  # the rows' draft classes when the last step chose to speculate (None: it did not)
@@ -308,6 +315,8 @@ class AdaptivePolicy(Policy):
     def choose(self, rows: list[RowState], caps: list[int]) -> int:
         self.trial = False
         top = self._remember(rows, caps)
+        if not self._free_drafts:  # a model drafts: its K stays within max_k; only free copies go further
+            top = min(top, self.model_k)
         if top == 0 or self._settled:
             return 0
         batch = len(rows)
@@ -332,7 +341,8 @@ class AdaptivePolicy(Policy):
         self._restart_stale_plain_cost(batch)
         measured = self._verify.get(batch, {})
         untried = {k: tokens[k] / self._optimistic_time(k, batch) for k in range(top + 1)
-                   if k + 1 not in measured or measured[k + 1].count < WARM_SAMPLES}
+                   if (k <= self.model_k or k in COPY_GRID)
+                   and (k + 1 not in measured or measured[k + 1].count < WARM_SAMPLES)}
         catch_up = self.catch_up_cost(sum(r.probe_behind for r in rows))
         if untried and max(untried.values()) > rates[best]:
             explore = max(untried, key=untried.__getitem__)
@@ -476,8 +486,10 @@ class AdaptivePolicy(Policy):
             self._wait = min(PROBE_MAX, 2 * self._wait)
 
 
-def make_policy(spec, max_k: int = 8, prior: CostPrior | None = None) -> Policy:
-    """'auto' -> AdaptivePolicy(max_k); a fixed K (0 = plain) -> FixedPolicy(K). Parsed by Speculation.parse. prior:
-    the costs it starts from (CostPrior: a GPU's shape by default)."""
+def make_policy(spec, max_k: int = 8, prior: CostPrior | None = None, max_copy_k: int | None = None) -> Policy:
+    """'auto' -> AdaptivePolicy(max_k, max_copy_k); a fixed K (0 = plain) -> FixedPolicy(K). Parsed by
+    Speculation.parse. prior: the costs it starts from (CostPrior: a GPU's shape by default). max_copy_k: how far a
+    step whose drafts are all free copies may go (None: max_k, as a model's)."""
     speculation = Speculation.parse(spec)
-    return AdaptivePolicy(max_k, prior=prior) if speculation.auto else FixedPolicy(speculation.k, prior=prior)
+    return AdaptivePolicy(max_k, prior=prior, max_copy_k=max_copy_k) if speculation.auto \
+        else FixedPolicy(speculation.k, prior=prior)
