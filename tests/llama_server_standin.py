@@ -59,8 +59,11 @@ class Handler(BaseHTTPRequestHandler):
             delta = {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
                                      "function": {"name": "list_files", "arguments": "{}"}}]}
         else:
-            delta = {"content": "All done."}
+            delta = {"content": "All"}
+        # the answer in three chunks, a token each, as llama-server streams it (a decode rate needs two)
+        more = [] if calls else [{"content": " done"}, {"content": "."}]
         chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", **delta}, "finish_reason": None}]},
+                  *({"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in more),
                   {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls" if calls else "stop"}]},
                   {"choices": [], "usage": usage, "timings": timings}]
         self.send_response(200)
@@ -70,6 +73,7 @@ class Handler(BaseHTTPRequestHandler):
             chunk.update(id="chatcmpl-standin", object="chat.completion.chunk", created=0, model=option("-m"))
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             self.wfile.flush()
+            time.sleep(0.01)
         self.wfile.write(b"data: [DONE]\n\n")
 
 

@@ -162,8 +162,14 @@ async def stream_request(http, path: str, body: dict, record: RequestRecord) -> 
 
 
 def _chunk_text(data: dict) -> str:
-    # /v1/completions streams choices[].text, /v1/chat/completions choices[].delta.content
-    return "".join(c.get("text") or (c.get("delta") or {}).get("content") or "" for c in data.get("choices", []))
+    # /v1/completions streams choices[].text, /v1/chat/completions choices[].delta.content, and a tool call's
+    # arguments as choices[].delta.tool_calls[].function.arguments (an agent's answer is often only a call)
+    return "".join(c.get("text") or (c.get("delta") or {}).get("content") or _call_text(c.get("delta") or {})
+                   for c in data.get("choices", []))
+
+
+def _call_text(delta: dict) -> str:
+    return "".join((call.get("function") or {}).get("arguments") or "" for call in delta.get("tool_calls") or ())
 
 
 def _count_tokens(record: RequestRecord, usage: dict | None, chunks: list[float], any_text: bool) -> None:

@@ -14,7 +14,7 @@ import typer
 from .bench_serve_agent import PeerOptions, chat_with_llama_server, run_agent
 from .common import CLIError, out, user_errors
 
-WORKLOADS = ("completions", "multi-turn", "shared-system", "edit", "agent")
+WORKLOADS = ("completions", "multi-turn", "shared-system", "edit", "agent", "matrix")
 
 
 def bench_serve(
@@ -31,7 +31,11 @@ def bench_serve(
                                  "suffix draft remembers earlier answers); agent: tool-using coding sessions "
                                  "through the OpenAI client (list, read and rewrite files; tool_choice auto unless "
                                  "--steer), on each --server, llama-server (--llama-server) and llama-cpp-python's "
-                                 "function calling (--peer-gguf); each task's edit checked after the session."),
+                                 "function calling (--peer-gguf); each task's edit checked after the session; "
+                                 "matrix: novel code, two whole-file edits, a chat quoting its answer, a JSON schema "
+                                 "and an agent's tool loop on our server and on llama-server (--llama-server, "
+                                 "--peer-gguf) plain and in each --spec-types mode, started here: decode rates, "
+                                 "the best peer mode per workload, our ratios."),
     server: Optional[List[str]] = typer.Option(None, "--server", help="agent: one of our servers as NAME=URL "
                                                "(repeatable; default: ours=--url). A server named plain (start it "
                                                "with --draft none) is the reference of the same-text check."),
@@ -104,6 +108,13 @@ def bench_serve(
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds a request may take before it counts as failed."),
     duration: Optional[float] = typer.Option(None, "--duration", help="Send no new request after this many seconds."),
     seed: int = typer.Option(0, "--seed", help="Seed of the Poisson arrival times."),
+    spec_types: Optional[str] = typer.Option(None, "--spec-types", help="matrix: llama-server's speculative modes "
+                                             "to start beside its plain one, comma-separated (default: ngram-mod, "
+                                             "ngram-map-k, ngram-simple, ngram-cache, draft-simple)."),
+    draft_gguf: Optional[str] = typer.Option(None, "--draft-gguf", help="matrix: the draft GGUF of llama-server's "
+                                             "draft-* modes (a path or a built-in model name, e.g. "
+                                             "qwen2.5-coder-0.5b-instruct)."),
+    only: Optional[str] = typer.Option(None, "--only", help="matrix: only these workloads, comma-separated."),
     json_path: Optional[str] = typer.Option(None, "--json", help="Write the report (JSON) to this file."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Write a figure (PNG) of the latencies to this file."),
 ) -> None:
@@ -120,7 +131,8 @@ def bench_serve(
                  "--server": server, "--peer-gguf": peer_gguf, "--threads": threads, "--llama-server": llama_server,
                  "--peer-context": peer_context, "--tool-latency": tool_latency, "--steer": steer or None,
                  "--plain": plain or None, "--no-function-calling": None if function_calling else True,
-                 "--no-client-parses-calls": None if client_parses_calls else True}
+                 "--no-client-parses-calls": None if client_parses_calls else True, "--spec-types": spec_types,
+                 "--draft-gguf": draft_gguf, "--only": only}
         _check_options(workload, given)
         common = dict(url=url, temperature=temperature, model=model, api_key=api_key, timeout_s=timeout,
                       duration_s=duration)
@@ -134,6 +146,12 @@ def bench_serve(
             run_agent(common, server or [f"ours={url}"], peers, plain=plain, steer=steer, tool_latency=tool_latency,
                       nb_tasks=nb_prompts, turns=turns, json_path=json_path, tasks_path=prompts,
                       client_parses_calls=client_parses_calls)
+        elif workload == "matrix":
+            from ..bench.peer_matrix import SPEC_MODES
+            from .bench_serve_matrix import run_matrix_cmd
+
+            run_matrix_cmd(common, peers, ",".join(SPEC_MODES) if spec_types is None else spec_types, draft_gguf,
+                           only, json_path, plot)
         elif workload == "edit":
             from ..bench.serve_edit import EditBenchSettings, bench_edit
 
@@ -177,6 +195,7 @@ def _run_completions(common: dict, prompts: str, num_requests: int, concurrency:
 # The options each workload reads: one given to a workload that ignores it is an error, not a silent no-op.
 _PEERS = {"--peer-gguf", "--llama-server", "--threads", "--peer-context"}
 _APPLIES = {"completions": {"--rate", "--plot", "--num-requests", "--concurrency", "--min-max-tokens"},
+            "matrix": {"--spec-types", "--draft-gguf", "--only", "--plot"} | _PEERS,
             "multi-turn": {"--conversations", "--turns", "--system-prompt"} | _PEERS,
             "shared-system": {"--system-prompt", "--num-requests", "--concurrency"} | _PEERS,
             "edit": {"--nb-prompts", "--follow-up", "-k"},
