@@ -55,7 +55,7 @@ def test_the_workloads_and_their_checks():
                           "agent tool loop"]
     quoting = rows["chat quoting its answer"]
     assert quoting[1].messages(["FIRST ANSWER"])[1] == {"role": "assistant", "content": "FIRST ANSWER"}
-    assert "def _v(" in rows["edit: rename"][0].messages([])[1]["content"]  # a real module, read at run time
+    assert "def bisect_right(" in rows["edit: rename"][0].messages([])[1]["content"]  # a real module, read at run time
     assert rows["json schema"][0].extra["response_format"]["type"] == "json_schema"
     with pytest.raises(ValueError, match="temperature must be 0"):
         MatrixSettings(url="x", temperature=0.7)

@@ -36,10 +36,11 @@ EDIT_SYSTEM = ("You are a coding assistant. When asked to change a file, reply w
 
 
 def _source_file() -> tuple[str, str]:
-    """A real module no one here wrote, read from the standard library at run time (nothing is copied): colorsys."""
-    import colorsys
+    """A real module no one here wrote, read from the standard library at run time (nothing is copied): bisect.py,
+    110 lines (~800 Qwen tokens)."""
+    import bisect
 
-    return "colorsys.py", inspect.getsource(colorsys)
+    return "bisect.py", inspect.getsource(bisect)
 
 
 def _file_message(name: str, text: str, ask: str) -> str:
@@ -90,9 +91,9 @@ def workloads() -> dict[str, list[Turn]]:
     return {
         "novel code": [Turn(lambda _: [{"role": "user", "content": code_ask}])],
         "edit: type hints": [Turn(lambda _: [system, {"role": "user", "content": _file_message(
-            name, text, "Add type hints to every function signature (floats in, tuples of floats out).")}])],
+            name, text, "Add type hints to every function signature.")}])],
         "edit: rename": [Turn(lambda _: [system, {"role": "user", "content": _file_message(
-            name, text, "Rename the helper function `_v` to `_hue_to_value` everywhere.")}])],
+            name, text, "Rename the function `insort_right` to `insert_right` everywhere.")}])],
         "chat quoting its answer": [
             Turn(lambda _: [{"role": "user", "content": first_ask}]),
             Turn(lambda answers: [{"role": "user", "content": first_ask},

@@ -25,6 +25,11 @@ match length bucketed). Where a row's draft has a class, its acceptance is learn
 plainly where it is short, step by step, instead of following a row average that mixes both. A class is a function
 of the context (the drafts are deterministic), so K stays a function of what is known before the step.
 
+Long copies. A step whose drafts all run no model (Outlook.free: every row copies) may verify up to max_copy_k tokens,
+a model's at most max_k: a copy after a long match (a file re-emitted with a rename) is kept nearly whole, and a
+65-token verification on a 2-core CPU costs far less than 65 steps (~34 on an AMD EPYC). Past max_k only COPY_GRID's
+K are explored, costs between them interpolated; deep positions' acceptance leans on the class's pooled rate.
+
 Plain steps and probes. When no K pays the policy decodes plainly (it stops speculating only when plain steps look
 5 % faster, so a noisy dip in the estimates does not stop it; that margin holds only while the draft classes are the
 last speculating step's: a short match after a long one is another bet, judged on its own) and probes, with the K
