@@ -1,0 +1,312 @@
+"""The results page's summary table and figures, made from the measurements in docs/results/.
+
+    python scripts/plot_results.py            # writes every figure into docs/img/
+    python scripts/plot_results.py --table    # prints the summary table (docs/RESULTS.md and the README hold it)
+    python scripts/plot_results.py --out DIR  # the figures into DIR instead
+
+Every number comes from a file of docs/results/; what a file does not say (the hardware, the peer, the date, the
+command that made it) is written next to it here, once, and printed with it. tests/test_docs_results.py checks that
+the table in docs/RESULTS.md and in the README is this script's and that every figure in docs/img is one of these
+(or the playground's screenshot, made by scripts/playground_screenshot.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+IMG = ROOT / "docs" / "img"
+
+EPYC = "2-vCPU AMD EPYC (AVX-512)"
+XEON = "2-vCPU Intel Xeon (AVX-512)"
+H200 = "NVIDIA H200"
+OURS, PEER, OURS_PLAIN = "#2a7ab9", "#9a9a9a", "#8fc1e3"
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the summary: ours against the best peer measured on the same weights and hardware."""
+
+    hardware: str
+    workload: str
+    ours: str
+    peer: str
+    ours_value: float
+    peer_value: float
+    unit: str  # "tok/s" (higher is better) or "s" (lower is better)
+    date: str
+    command: str
+    source: str  # the docs/results file
+
+    @property
+    def speedup(self) -> float:
+        return self.ours_value / self.peer_value if self.unit == "tok/s" else self.peer_value / self.ours_value
+
+    def result(self) -> str:
+        largest = max(self.ours_value, self.peer_value)
+        digits = 1 if self.unit == "tok/s" else 2 if largest < 10 else 1 if largest < 100 else 0
+        figure = f"{self.ours_value:.{digits}f} vs {self.peer_value:.{digits}f} {self.unit}"
+        verdict = f"**{self.speedup:.2f}×**" + (" (slower)" if self.speedup < 0.995 else "")
+        return f"{figure}: {verdict}"
+
+    def markdown(self, dated: bool = True) -> str:
+        cells = (self.hardware, self.workload, self.ours, self.peer, self.result(), *((self.date,) if dated else ()),
+                 self.command)
+        return "| " + " | ".join(cells) + " |"
+
+
+def _tok_s(data: dict, method: str) -> float:
+    return data["methods"][method]["tokens_per_second"]
+
+
+def summary_rows() -> list[Row]:
+    code, prose = load("defaults-code-after.json"), load("defaults-prose-after.json")
+    schema, agent = load("defaults-json-after2.json"), load("agent-auto-client-parsed-lat0.json")
+    edit, h200 = load("llama-server-modes-edit-xeon.json"), load("device-probe-transformers-h200.json")
+    bench = ("`specdecode bench --threads 2 --prompts {set} --nb-prompts 4 -n 96 --runs 4 --methods "
+             "specdecode-plain,specdecode,llamacpp-plain`")
+    defaults = "defaults (`--draft auto`: suffix; `-k auto`)"
+    rename = edit["rename_seconds"]
+    return [
+        Row(EPYC, "code completion, 96 tokens, greedy", defaults, "llama-cpp-python", _tok_s(code, "specdecode"),
+            _tok_s(code, "llamacpp-plain"), "tok/s", "2026-11-26", bench.format(set="code"),
+            "defaults-code-after.json"),
+        Row(EPYC, "prose, 96 tokens, greedy", defaults, "llama-cpp-python", _tok_s(prose, "specdecode"),
+            _tok_s(prose, "llamacpp-plain"), "tok/s", "2026-11-26", bench.format(set="prose"),
+            "defaults-prose-after.json"),
+        Row(EPYC, "JSON-schema answers, greedy", defaults, "llama-cpp-python `json_schema`",
+            _tok_s(schema, "specdecode"), _tok_s(schema, "llamacpp-json-schema"), "tok/s", "2026-11-26",
+            "`specdecode bench --threads 2 -k auto --prompts json --nb-prompts 8 -n 160 --runs 3 --methods "
+            "specdecode-plain,specdecode,llamacpp-json-schema`", "defaults-json-after2.json"),
+        Row(EPYC, "coding-agent sessions, 8 tasks", "`specdecode serve` defaults",
+            "llama-server `--jinja`", agent["methods"]["default"]["session_s"],
+            agent["methods"]["llama-server"]["session_s"], "s", "2026-11-28",
+            "`specdecode bench serve --workload agent --llama-server PATH --peer-gguf qwen2.5-coder-1.5b-instruct "
+            "--threads 2 --max-tokens 512`", "agent-auto-client-parsed-lat0.json"),
+        Row(XEON, "whole-file rename edit, ~1,000 tokens", "`specdecode serve` defaults",
+            "llama-server `--spec-type ngram-mod`", rename["specdecode serve (defaults)"],
+            rename["llama-server --spec-type ngram-mod"], "s", "before the long-copy work",
+            "`specdecode bench serve --workload matrix --llama-server PATH --peer-gguf qwen2.5-coder-1.5b-instruct`",
+            "llama-server-modes-edit-xeon.json"),
+        Row(H200, "128 tokens, random weights (1.5B shape), every draft kept, K = 4",
+            "transformers backend", "transformers' assisted generation",
+            statistics.median(h200["times_ms"]["ours_spec"]) / 1000,
+            statistics.median(h200["times_ms"]["hf_assisted"]) / 1000, "s", "2026-11-26",
+            "`python scripts/device_probes/transformers_assisted.py`", "device-probe-transformers-h200.json"),
+    ]
+
+
+def summary_table(dated: bool = True) -> str:
+    """The summary as markdown: with the dates for docs/RESULTS.md, without them for the README."""
+    columns = ["hardware", "workload", "specdecode", "against", "result", *(["measured"] if dated else []), "reproduce"]
+    header = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join([*header, *(row.markdown(dated) for row in summary_rows())])
+
+
+# ---------------------------------------------------------------------------------------------------- figures
+
+
+def _axes(width: float = 8.0, height: float = 4.0, ncols: int = 1):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(width, height), dpi=110)
+    return plt, fig, axes
+
+
+def _save(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_summary(path: Path) -> None:
+    rows = summary_rows()
+    plt, fig, ax = _axes(9.0, 4.2)
+    labels = [f"{r.hardware}: {r.workload}\nvs {r.peer.replace('`', '')}" for r in rows]
+    speedups = [r.speedup for r in rows]
+    colors = [OURS if s >= 1 else "#c0504d" for s in speedups]
+    y = range(len(rows))[::-1]
+    ax.barh(list(y), speedups, color=colors)
+    for yi, s in zip(y, speedups):
+        ax.text(s + 0.02, yi, f"{s:.2f}×", va="center", fontsize=9)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(list(y), labels, fontsize=8)
+    ax.set_xlim(0, max(speedups) * 1.18)
+    ax.set_xlabel("speed against the peer (× ; below 1: the peer is faster)")
+    fig.suptitle("specdecode against the best peer measured on the same weights and hardware", fontsize=10)
+    _save(plt, fig, path)
+
+
+def plot_cpu_tokens(path: Path) -> None:
+    """Tokens/s of our plain decoding, our defaults and llama-cpp-python, per prompt set, on the AMD EPYC."""
+    sets = [("code", load("defaults-code-after.json"), "llamacpp-plain"),
+            ("prose", load("defaults-prose-after.json"), "llamacpp-plain"),
+            ("JSON schema", load("defaults-json-after2.json"), "llamacpp-json-schema")]
+    plt, fig, ax = _axes(7.5, 3.8)
+    width = 0.26
+    for i, (name, data, peer) in enumerate(sets):
+        values = [_tok_s(data, peer), _tok_s(data, "specdecode-plain"), _tok_s(data, "specdecode")]
+        for j, (value, color) in enumerate(zip(values, (PEER, OURS_PLAIN, OURS))):
+            ax.bar(i + (j - 1) * width, value, width, color=color)
+            ax.text(i + (j - 1) * width, value + 0.5, f"{value:.1f}", ha="center", fontsize=8)
+    ax.set_xticks(range(len(sets)), [s[0] for s in sets])
+    ax.set_ylabel("tokens/s (end to end)")
+    ax.set_ylim(0, 46)
+    ax.legend(["llama-cpp-python (its json_schema on JSON)", "specdecode, no draft", "specdecode, defaults"],
+              fontsize=8, loc="upper center", ncol=3)
+    ax.set_title(f"{EPYC}, llama.cpp, 2 threads, default pair, greedy", fontsize=10)
+    _save(plt, fig, path)
+
+
+def plot_agent(path: Path) -> None:
+    methods = load("agent-auto-client-parsed-lat0.json")["methods"]
+    names = {"lend": "ours, --answer-kv lend", "default": "ours, defaults", "plain": "ours, --draft none",
+             "llamacpp-function-calling": "llama-cpp-python\nfunction calling", "llama-server": "llama-server --jinja"}
+    order = ["lend", "default", "plain", "llamacpp-function-calling", "llama-server"]
+    seconds = [methods[m]["session_s"] for m in order]
+    plt, fig, ax = _axes(7.5, 3.6)
+    colors = [OURS, OURS, OURS_PLAIN, PEER, PEER]
+    ax.barh(range(len(order))[::-1], seconds, color=colors)
+    for yi, s in zip(range(len(order))[::-1], seconds):
+        ax.text(s + 2, yi, f"{s:.0f} s", va="center", fontsize=9)
+    ax.set_yticks(range(len(order))[::-1], [names[m] for m in order], fontsize=9)
+    ax.set_xlim(0, max(seconds) * 1.15)
+    ax.set_xlabel("8 coding-agent sessions, seconds (lower is better)")
+    ax.set_title(f"{EPYC}: tool calls in auto mode, default pair, 2 threads", fontsize=10)
+    _save(plt, fig, path)
+
+
+def plot_verify_costs(path: Path) -> None:
+    """v(n): a forward of n tokens over a forward of 1, where speculation's price is set."""
+    cpu = load("tree-verify-costs-default-pair.json")["v"]["chain"]
+    sections = load("device-check-h200.json")["sections"]
+    many = sections["llamacpp"]["result"]["v"]
+    gpu = next(r["v"] for r in sections["costs"]["result"]["rows"]
+               if r["size"] == "1.5B" and r["backend"] == "static" and r["batch"] == 1)
+    plt, fig, ax = _axes(7.0, 3.8)
+    for curve, label, color in ((cpu, f"{EPYC}, llama.cpp, Q4_K_M 1.5B", "#c0504d"),
+                                (many, "16-core Intel Xeon (H200 host), llama.cpp, Q4_K_M 1.5B shape", "#e3a21a"),
+                                (gpu, f"{H200}, static backend (CUDA graphs), bf16 1.5B shape", OURS)):
+        n = sorted(int(k) for k in curve if int(k) <= 9)
+        ax.plot(n, [curve[str(i)] for i in n], marker="o", label=label, color=color)
+    ax.plot([1, 9], [1, 9], linestyle=":", color="gray", label="n steps (no gain from any draft)")
+    ax.set_xlabel("tokens in one forward (K drafts + 1)")
+    ax.set_ylabel("cost in one-token steps")
+    ax.legend(fontsize=8)
+    ax.set_title("What a verification costs: flat pays, steep does not", fontsize=10)
+    _save(plt, fig, path)
+
+
+def plot_prefix_cache(path: Path) -> None:
+    warm = load("prefix-cache-multi-turn-default-pair.json")["per_turn"]
+    cold = load("prefix-cache-multi-turn-cold-default-pair.json")["per_turn"]
+    plt, fig, ax = _axes(6.5, 3.5)
+    turns = [t["turn"] for t in warm]
+    width = 0.38
+    ax.bar([t - width / 2 for t in turns], [t["ttft_median_s"] for t in cold], width, color=PEER,
+           label="--prefix-cache-tokens 0")
+    ax.bar([t + width / 2 for t in turns], [t["ttft_median_s"] for t in warm], width, color=OURS,
+           label="prefix cache on (the default)")
+    ax.set_xticks(turns, [f"turn {t}" for t in turns])
+    ax.set_ylabel("time to first token, s")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{EPYC}: a 5-turn chat (~1,000-1,300 prompt tokens)", fontsize=10)
+    _save(plt, fig, path)
+
+
+def plot_batching(path: Path) -> None:
+    cont = load("serve-default-pair-128-continuous.json")["ttft_s"]
+    static = load("serve-default-pair-128-static.json")["ttft_s"]
+    plt, fig, ax = _axes(6.5, 3.5)
+    keys = ["p50", "p90", "p99"]
+    width = 0.38
+    ax.bar([i - width / 2 for i in range(3)], [static[k] for k in keys], width, color=PEER,
+           label="--static-batching")
+    ax.bar([i + width / 2 for i in range(3)], [cont[k] for k in keys], width, color=OURS,
+           label="continuous batching (the default)")
+    ax.set_xticks(range(3), keys)
+    ax.set_ylim(0, max(static.values()) * 1.3)
+    ax.set_ylabel("time to first token, s")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{XEON}: 14 requests of 128 tokens at 0.06 req/s", fontsize=10)
+    _save(plt, fig, path)
+
+
+def plot_soak_memory(path: Path) -> None:
+    runs = [("tiny models, transformers", load("soak-bounds-tiny-transformers.json")),
+            ("SmolLM2-135M, llama.cpp", load("soak-bounds-smollm2-llamacpp.json"))]
+    plt, fig, axes = _axes(9.0, 3.4, ncols=2)
+    for ax, (name, data) in zip(axes, runs):
+        samples = data["memory_samples"]
+        t = [s["t_s"] / 60 for s in samples]
+        ax.plot(t, [s["rss_bytes"] / 2**20 for s in samples], color=OURS, label="RSS")
+        ax.plot(t, [s["malloc_bytes"] / 2**20 for s in samples], color="#e3a21a", label="malloc in use")
+        ax.axvline(data["warmup_end_s"] / 60, color="gray", linestyle=":", label="end of warm-up")
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("minutes")
+        ax.set_ylabel("MiB")
+        ax.set_title(name, fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"{XEON}: 20-minute soaks with every cache at its bound (bench soak --serve)", fontsize=10)
+    _save(plt, fig, path)
+
+
+def plot_transformers_cpu(path: Path) -> None:
+    methods = load("bench-code-greedy-k5.json")["methods"]
+    order = [("hf-plain", "transformers\ngenerate()", PEER), ("hf-assisted", "transformers\nassisted, K = 5", PEER),
+             ("specdecode-plain", "specdecode,\nno draft", OURS_PLAIN), ("specdecode", "specdecode,\nK = 5", OURS)]
+    plt, fig, ax = _axes(6.5, 3.4)
+    values = [methods[m]["tokens_per_second"] for m, _, _ in order]
+    ax.bar(range(4), values, color=[c for _, _, c in order])
+    for i, v in enumerate(values):
+        ax.text(i, v + 0.15, f"{v:.2f}", ha="center", fontsize=9)
+    ax.set_ylim(0, max(values) * 1.15)
+    ax.set_xticks(range(4), [label for _, label, _ in order], fontsize=8)
+    ax.set_ylabel("tokens/s")
+    ax.set_title("2-vCPU Intel Xeon (AMX), transformers fp32, code, 128 tokens", fontsize=10)
+    _save(plt, fig, path)
+
+
+FIGURES: dict[str, Callable[[Path], None]] = {
+    "results-summary.png": plot_summary,
+    "results-cpu-tokens.png": plot_cpu_tokens,
+    "results-agent.png": plot_agent,
+    "results-verify-costs.png": plot_verify_costs,
+    "results-prefix-cache.png": plot_prefix_cache,
+    "results-batching.png": plot_batching,
+    "results-soak-memory.png": plot_soak_memory,
+    "results-transformers-cpu.png": plot_transformers_cpu,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", action="store_true", help="print the summary table and make no figure")
+    parser.add_argument("--undated", action="store_true", help="with --table: the README's table, without dates")
+    parser.add_argument("--out", type=Path, default=IMG, help="the folder the figures go to (default docs/img)")
+    parser.add_argument("--only", nargs="*", choices=sorted(FIGURES), help="only these figures")
+    args = parser.parse_args()
+    if args.table:
+        print(summary_table(dated=not args.undated))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.only or FIGURES:
+        FIGURES[name](args.out / name)
+        print(args.out / name)
+
+
+if __name__ == "__main__":
+    main()
