@@ -87,8 +87,9 @@ def default_pair():
 
 @pytest.mark.real_models
 def test_the_first_command_runs_as_written(default_pair):
-    """The set-up's second line, on the real default pair: --draft auto, -k auto, 96 tokens, verbose."""
-    first = cli_commands(block("## Set-up", "bash").split("\n", 1)[1])
+    """The set-up command's generation (after the install's &&), on the real default pair: --draft auto, -k auto,
+    96 tokens, verbose."""
+    first = cli_commands(block("## Set-up", "bash").split(" && ", 1)[1])
     [argv] = first
     assert argv[0] == "generate"
     result = invoke(argv)

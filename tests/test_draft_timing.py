@@ -297,7 +297,7 @@ def test_the_auto_draft_is_prepared_alongside_only_where_a_core_is_spare(monkeyp
 
 
 def test_specdecode_costs_names_the_file_the_costs_are_kept_in(tmp_path, monkeypatch):
-    """README: the costs are recorded in the cache's costs.json, or where SPECDECODE_COSTS says (the suite keeps its
+    """docs/GETTING_STARTED.md: the costs are recorded in the cache's costs.json, or where SPECDECODE_COSTS says (the suite keeps its
     own there, so no test writes the user's record or reads it)."""
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("SPECDECODE_COSTS")

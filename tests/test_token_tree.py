@@ -313,7 +313,7 @@ def test_llamacpp_scores_a_tree_as_plain_forwards_and_keeps_any_path_bit_for_bit
 def test_llamacpp_greedy_with_trees_is_llamacpps_own_token_for_token(smol_path):
     """A branch point whose more frequent continuation is wrong: trees keep the other branch (fewer forwards), and
     the exact mode's tokens and logprobs are plain decoding's, bit for bit. (With several rows in the shared KV
-    stream a row's token can land between another row's cells and round differently: README, "Correctness".)"""
+    stream a row's token can land between another row's cells and round differently: docs/CORRECTNESS.md.)"""
     target = _llama(smol_path)
     prompt = list(range(1000, 1040))
     plain = AutoregressiveGenerator(target).generate([prompt], max_new_tokens=24, temperature=0.0, ignore_eos=True,

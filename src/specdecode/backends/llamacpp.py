@@ -48,7 +48,8 @@ from .llamacpp_context import _Context, _ParkedSequence, _RunningSequence, _end_
 from .llamacpp_layout import FA_TILE, SPLIT_ATTENTION_FROM, chunks, layout, reusable_prefix
 
 INSTALL_HINT = ('the llama.cpp backend needs llama-cpp-python: pip install -e ".[llamacpp]" '
-                '(builds from source: needs cmake and a C++ compiler; a few minutes with the CMAKE_ARGS of the README)')
+                '(builds from source: needs cmake and a C++ compiler; a few minutes with the flags of '
+                'deploy/llama-cpp.env: bash scripts/install.sh)')
 EXACT_TOKENS_PER_FORWARD = 3  # below the 4 tokens at which llama.cpp switches to its repacked matrix kernel
 
 

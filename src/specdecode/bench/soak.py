@@ -14,7 +14,7 @@ load); the load pauses so once more halfway, for what the second half kept.
 After the load, each greedy and seeded request kept aside (`replays` of them) is sent again alone: its answer must
 equal the one it got under load (nothing lost or cross-wired between requests). A greedy completion that parts is
 sent once more with logprobs: where the two likeliest tokens are within NEAR_TIE_NATS it is reported as a near-tie
-flip (llama.cpp rounds by the forward's shape, README "llama.cpp backend"), not as a failure; anywhere else it fails. The report holds per class the
+flip (llama.cpp rounds by the forward's shape, docs/CORRECTNESS.md), not as a failure; anywhere else it fails. The report holds per class the
 status codes, p50/p99 latency and the violations (a 5xx; a bad request answered anything but a 4xx with an error
 message; a good one not answered 200 with the expected shape), the memory over time, and `ok`: no violation, no
 replay mismatch, memory flat after warm-up, the caches within their bounds, and no request left in the server
