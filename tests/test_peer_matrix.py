@@ -80,7 +80,10 @@ def ours(tiny_pair, tokenizer):
     srv.stop()
 
 
-def test_the_command_runs_the_matrix_on_ours_and_each_mode(ours, tmp_path):
+def test_the_command_runs_the_matrix_on_ours_and_each_mode(ours, tmp_path, monkeypatch):
+    import specdecode.bench.peer_matrix as matrix
+
+    monkeypatch.setattr(matrix, "QUIET_MAX_S", 0.0)  # the suite's other worker keeps the machine busy
     binary = install(tmp_path)
     (tmp_path / "target.gguf").write_bytes(b"")
     (tmp_path / "draft.gguf").write_bytes(b"")
@@ -106,3 +109,32 @@ def test_the_command_runs_the_matrix_on_ours_and_each_mode(ours, tmp_path):
         assert row["best_mode"] in servers[2:] and row["vs_best"] > 0
     assert (tmp_path / "m.png").stat().st_size > 10_000
     assert "ours / the best llama-server mode" in result.output and "vCPU" in result.output
+
+
+class _Load:
+    """OthersLoad's stand-in: the shares it reads, in turn."""
+
+    def __init__(self, shares):
+        self.shares = shares
+
+    def __call__(self):
+        gauge = self
+
+        class Gauge:
+            share = None
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self.share = gauge.shares.pop(0)
+        return Gauge()
+
+
+def test_a_request_waits_for_a_quiet_machine_within_a_bound():
+    import asyncio
+
+    from specdecode.bench.peer_matrix import wait_quiet
+
+    assert asyncio.run(wait_quiet(10, 0.01, _Load([0.9, 0.5, 0.05, 0.9]))) == pytest.approx(0.03)  # the third window
+    assert asyncio.run(wait_quiet(0.05, 0.01, _Load([0.9] * 10))) == pytest.approx(0.05)  # never quiet: bounded

@@ -6,8 +6,8 @@ The peers: llama-server (llama_server.py) on the same GGUF, threads and context,
 each `--spec-type` asked for (ngram-mod, ngram-map-k, ngram-simple, ngram-cache, draft-simple with a draft GGUF, ...),
 every other setting at its defaults. All servers run at once, idle between their requests; each workload is sent to
 every server in turn (the order rotated from workload to workload, so a slow drift of the machine is spread over
-them), one request at a time, greedy. A workload's later turns carry that server's own earlier answers, as a chat
-client's do.
+them), one request at a time, greedy, each on a quiet machine (wait_quiet). A workload's later turns carry that
+server's own earlier answers, as a chat client's do.
 
 What is compared: the decode rate after the first token, (tokens - 1) / (last token - first token), the quantity
 speculation changes (prefill runs the same llama.cpp kernels on every server), and the whole request's seconds.
@@ -31,6 +31,8 @@ from .serve import ClientSettings, RequestRecord, make_client, stream_request
 
 # llama-server's speculative modes as its users start them (its own defaults for each mode's numbers)
 SPEC_MODES = ("ngram-mod", "ngram-map-k", "ngram-simple", "ngram-cache", "draft-simple")
+QUIET_SHARE = 0.1  # a request starts once the other processes use at most this share of the CPU ...
+QUIET_MAX_S = 120.0  # ... or after this long
 EDIT_SYSTEM = ("You are a coding assistant. When asked to change a file, reply with the complete updated file in "
                "one fenced code block, and nothing else.")
 
@@ -128,9 +130,28 @@ def decode_rate(record: RequestRecord) -> float | None:
     return (record.output_tokens - 1) / span if span > 0 else None
 
 
+async def wait_quiet(max_s: float | None = None, window_s: float = 0.5, load=None) -> float:
+    """Waits until the machine's other processes (every server here) used at most QUIET_SHARE of its CPU over a
+    window, at most max_s; returns the seconds waited. A server's background work after an answer (ours prefills
+    it for the next turn while idle; llama-server saves its slot's prompt to host memory) would otherwise slow the
+    next server's request: each request starts on a quiet machine. load: draft_timing.OthersLoad's maker (tests)."""
+    from ..pairing.draft_timing import OthersLoad
+
+    waited, max_s = 0.0, QUIET_MAX_S if max_s is None else max_s
+    while waited < max_s:
+        gauge = (load or OthersLoad)()
+        with gauge:
+            await asyncio.sleep(window_s)
+        waited += window_s
+        if gauge.share is None or gauge.share <= QUIET_SHARE:
+            break
+    return waited
+
+
 async def _run_workload(http, settings: MatrixSettings, turns: list[Turn]) -> list[RequestRecord]:
     answers, records = [], []
     for i, turn in enumerate(turns):
+        await wait_quiet()
         body = {"messages": turn.messages(answers), "max_tokens": settings.max_tokens, "temperature": 0.0,
                 **({"model": settings.model} if settings.model else {}), **turn.extra,
                 "stream": True, "stream_options": {"include_usage": True}}
