@@ -350,7 +350,10 @@ def test_padding_continues_the_last_node_and_adds_no_leaf():
 def test_llamacpp_trees_of_a_batch_whose_rows_have_few_real_nodes_fit_its_spare_sequences(smol_path):
     """One row drafts a 24-token copy, eleven have nothing to copy: their drafts are padding (never verified). Padding
     hung below the root was a leaf per node, a spare sequence each: 11 x 23 > the 243 spare sequences of a 12-row
-    context, and the first step failed ("needs more spare sequences"). Padding now continues the row's last branch."""
+    context, and the first step failed ("needs more spare sequences"). Padding now continues the row's last branch.
+    Row 0 is plain decoding's text up to where a near-tie flips: in llama.cpp's default mode a forward of 4+ tokens
+    goes through other kernels than a one-token step, by CPU (docs/CORRECTNESS.md), and on one CI machine the
+    token after the copy's end parted (a flip within 1 nat of plain decoding's choice)."""
     from specdecode.backends.llamacpp import LlamaCppBackend
 
     rows = 12
@@ -361,8 +364,13 @@ def test_llamacpp_trees_of_a_batch_whose_rows_have_few_real_nodes_fit_its_spare_
     gen = SpeculativeGenerator(target, SuffixDrafter(SuffixHistory(0), tree_width=2), num_speculative_tokens=24)
     result = gen.generate(prompts, max_new_tokens=26, temperature=0.0, ignore_eos=True)
     plain = AutoregressiveGenerator(target).generate(prompts[:1], max_new_tokens=26, temperature=0.0,
-                                                     ignore_eos=True)
-    assert result.token_ids[0] == plain.token_ids[0]
+                                                     ignore_eos=True, return_logprobs=5)
+    ours, theirs = result.token_ids[0], plain.token_ids[0]
+    parted = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    if parted is not None:
+        assert parted >= 14, (ours, theirs)  # the copied loop, where SmolLM is sure, is plain decoding's
+        top = dict(plain.top_logprobs[0][parted])
+        assert ours[parted] in top and top[ours[parted]] > plain.logprobs[0][parted] - 1.0, (parted, top)
     assert [len(t) for t in result.token_ids] == [26] * rows
     assert result.stats.accepted_tokens >= 14  # SmolLM copies the loop 14 tokens long: the row's drafts were kept
 
