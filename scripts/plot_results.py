@@ -25,7 +25,7 @@ IMG = ROOT / "docs" / "img"
 
 EPYC = "2-vCPU AMD EPYC (AVX-512)"
 EPYC_AVX2 = "2-vCPU AMD EPYC (AVX2)"
-MATRIX = "peer-matrix-amd-epyc.json"  # `specdecode bench serve --workload matrix`
+MATRIX = "peer-matrix-amd-epyc-256.json"  # `specdecode bench serve --workload matrix`, 256 tokens an answer
 MATRIX_XEON = "peer-matrix-xeon.json"  # the same command on the Xeon, 256 tokens an answer
 XEON = "2-vCPU Intel Xeon (AVX-512)"
 H200 = "NVIDIA H200"
@@ -111,7 +111,7 @@ MATRIX_COMMAND = ("`specdecode bench serve --workload matrix --url URL --llama-s
 def matrix_rows() -> list[Row]:
     """The matrix's rename edit and novel code on each CPU: ours against the best llama-server mode (plain included)."""
     rows = []
-    for source, hardware, tokens in ((MATRIX_XEON, XEON, 256), (MATRIX, EPYC_AVX2, 128)):
+    for source, hardware, tokens in ((MATRIX_XEON, XEON, 256), (MATRIX, EPYC_AVX2, 256)):
         summary = {row["workload"]: row for row in load(source)["summary"]}
         for workload, label in (("edit: rename", f"whole-file rename (bisect.py), {tokens} tokens"),
                                 ("novel code", f"novel code (chat), {tokens} tokens")):

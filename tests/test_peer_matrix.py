@@ -22,8 +22,9 @@ from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixt
 from test_server_helpers import MODEL, LiveServer
 
 
-def _cell(rate, ok=True, texts=("a",)):
-    return {"ok": ok, "decode_tok_s": rate, "texts": list(texts), "errors": [] if ok else ["boom"]}
+def _cell(rate, ok=True, texts=("a",), seconds=None):
+    return {"ok": ok, "decode_tok_s": rate, "texts": list(texts), "errors": [] if ok else ["boom"],
+            **({} if seconds is None else {"seconds": seconds})}
 
 
 def test_the_summary_takes_the_best_peer_mode_and_leaves_failed_ones_out():
@@ -39,6 +40,17 @@ def test_the_summary_takes_the_best_peer_mode_and_leaves_failed_ones_out():
     # where plain decoding is the peer's best, it is the figure we are compared with
     assert novel["best_peer_tok_s"] == 10.0 and novel["vs_best"] == pytest.approx(0.9)
     assert novel["same_text_as_plain"] is False
+
+
+def test_the_summary_compares_the_time_to_each_answer_with_the_fastest_peer():
+    # a peer that did not constrain a tool call decodes 256 filler tokens fast; its user waits longer for the answer
+    cells = {"agent": {"ours": _cell(25.0, seconds=3.0), "llama-server": _cell(14.0, seconds=20.0),
+                       "llama-server ngram-mod": _cell(33.0, seconds=9.0),
+                       "llama-server ngram-cache": _cell(50.0, ok=False, seconds=1.0)}}
+    (agent,) = summarize(cells)
+    assert agent["vs_best"] == pytest.approx(25 / 33)
+    assert (agent["fastest_peer"], agent["fastest_peer_s"], agent["ours_s"]) == ("llama-server ngram-mod", 9.0, 3.0)
+    assert agent["time_vs_fastest"] == pytest.approx(3.0)
 
 
 def test_a_decode_rate_counts_the_tokens_after_the_first():
@@ -107,6 +119,8 @@ def test_the_command_runs_the_matrix_on_ours_and_each_mode(ours, tmp_path, monke
     assert report["cells"]["chat quoting its answer"]["ours"]["requests"] == 2  # the second turn quotes the first
     for row in report["summary"]:
         assert row["best_mode"] in servers[2:] and row["vs_best"] > 0
+    assert report["config"]["warm_up_errors"] == {}
+    assert all(row["time_vs_fastest"] > 0 for row in report["summary"])
     assert (tmp_path / "m.png").stat().st_size > 10_000
     assert "ours / the best llama-server mode" in result.output and "vCPU" in result.output
 
@@ -138,3 +152,36 @@ def test_a_request_waits_for_a_quiet_machine_within_a_bound():
 
     assert asyncio.run(wait_quiet(10, 0.01, _Load([0.9, 0.5, 0.05, 0.9]))) == pytest.approx(0.03)  # the third window
     assert asyncio.run(wait_quiet(0.05, 0.01, _Load([0.9] * 10))) == pytest.approx(0.05)  # never quiet: bounded
+
+
+def test_every_server_answers_one_untimed_warm_up_before_any_workload(monkeypatch):
+    import contextlib
+
+    import specdecode.bench.peer_matrix as matrix
+
+    sent = []
+
+    @contextlib.asynccontextmanager
+    async def client(settings, width):
+        yield settings.url
+
+    async def stream(url, path, body, record):
+        sent.append((url, body["messages"], body["max_tokens"]))
+        record.status, record.ttft_s, record.latency_s, record.output_tokens = 200, 0.1, 1.0, 5
+        record.last_token_s, record.text = 1.0, "answer"
+        return record
+
+    async def quiet(*args, **kwargs):
+        return 0.0
+
+    monkeypatch.setattr(matrix, "make_client", client)
+    monkeypatch.setattr(matrix, "stream_request", stream)
+    monkeypatch.setattr(matrix, "wait_quiet", quiet)
+    servers = {"ours": "http://a", "llama-server": "http://b", "llama-server ngram-mod": "http://c"}
+    report = matrix.run_matrix(MatrixSettings(url="http://a", max_tokens=32, only=["novel code"]), servers)
+    warm = [(url, tokens) for url, messages, tokens in sent if messages == matrix.WARMUP]
+    assert warm == [(url, matrix.WARMUP_TOKENS) for url in servers.values()]
+    assert [url for url, *_ in sent[:3]] == list(servers.values())  # all warm-ups come first
+    assert len(sent) == 6 and all(tokens == 32 for _, _, tokens in sent[3:])
+    assert report["cells"]["novel code"]["ours"]["requests"] == 1  # the warm-up is in no cell
+    assert report["config"]["warm_up_errors"] == {}

@@ -4,13 +4,16 @@ that quotes its earlier answer, a JSON-schema answer, and an agent's tool loop t
 
 The peers: llama-server (llama_server.py) on the same GGUF, threads and context, started here once per mode: plain and
 each `--spec-type` asked for (ngram-mod, ngram-map-k, ngram-simple, ngram-cache, draft-simple with a draft GGUF, ...),
-every other setting at its defaults. All servers run at once, idle between their requests; each workload is sent to
+every other setting at its defaults. All servers run at once, idle between their requests; each first answers one
+short untimed request (a first request's one-off costs belong to no workload); then each workload is sent to
 every server in turn (the order rotated from workload to workload, so a slow drift of the machine is spread over
 them), one request at a time, greedy, each on a quiet machine (wait_quiet). A workload's later turns carry that
 server's own earlier answers, as a chat client's do.
 
 What is compared: the decode rate after the first token, (tokens - 1) / (last token - first token), the quantity
-speculation changes (prefill runs the same llama.cpp kernels on every server), and the whole request's seconds.
+speculation changes (prefill runs the same llama.cpp kernels on every server), and the whole answers' seconds (where
+servers' greedy answers part at a near-tie, or a peer does not constrain a tool call, the rates are of other texts:
+the time to the answer each gave is what its user waits for).
 Per workload: ours, llama-server plain, and the best of its speculative modes (the best peer is reported, never the
 weakest), with our ratio to each. Run it once per fresh set of servers: a suffix drafter (ours) and llama-server's
 ngram-cache remember earlier requests, so a rerun measures regenerates. Requests go only to 127.0.0.1 servers this
@@ -33,6 +36,8 @@ from .serve import ClientSettings, RequestRecord, make_client, stream_request
 SPEC_MODES = ("ngram-mod", "ngram-map-k", "ngram-simple", "ngram-cache", "draft-simple")
 QUIET_SHARE = 0.1  # a request starts once the other processes use at most this share of the CPU ...
 QUIET_MAX_S = 120.0  # ... or after this long
+WARMUP = [{"role": "user", "content": "Say hello."}]  # one untimed request per server before the matrix
+WARMUP_TOKENS = 8
 EDIT_SYSTEM = ("You are a coding assistant. When asked to change a file, reply with the complete updated file in "
                "one fenced code block, and nothing else.")
 
@@ -148,6 +153,15 @@ async def wait_quiet(max_s: float | None = None, window_s: float = 0.5, load=Non
     return waited
 
 
+async def _warm_up(http, settings: MatrixSettings) -> RequestRecord:
+    """One short untimed request: a server's first request pays one-off costs (buffers allocated, code paths
+    first run, our policy's first timings) that no later request does; every server pays them here, not in the
+    first workload's cell."""
+    body = {"messages": WARMUP, "max_tokens": WARMUP_TOKENS, "temperature": 0.0,
+            **({"model": settings.model} if settings.model else {}), "stream": True}
+    return await stream_request(http, "/v1/chat/completions", body, RequestRecord(-1, 0.0))
+
+
 async def _run_workload(http, settings: MatrixSettings, turns: list[Turn]) -> list[RequestRecord]:
     answers, records = [], []
     for i, turn in enumerate(turns):
@@ -181,7 +195,13 @@ def run_matrix(settings: MatrixSettings, servers: dict[str, str]) -> dict:
     names = list(servers)
     cells: dict[str, dict[str, dict]] = {}
 
+    warm_up: dict[str, str | None] = {}
+
     async def main():
+        for server in names:
+            async with make_client(_at(settings, servers[server]), 1) as http:
+                record = await _warm_up(http, settings)
+                warm_up[server] = None if record.ok else record.error
         for w, (workload, turns) in enumerate(rows.items()):
             cells[workload] = {}
             for s in range(len(names)):
@@ -189,7 +209,8 @@ def run_matrix(settings: MatrixSettings, servers: dict[str, str]) -> dict:
                 async with make_client(_at(settings, servers[server]), 1) as http:
                     cells[workload][server] = _cell(await _run_workload(http, settings, turns))
     asyncio.run(main())
-    return {"config": {"servers": servers, "max_tokens": settings.max_tokens, "workloads": list(rows)},
+    return {"config": {"servers": servers, "max_tokens": settings.max_tokens, "workloads": list(rows),
+                       "warm_up_errors": {s: e for s, e in warm_up.items() if e}},
             "cells": cells, "summary": summarize(cells)}
 
 
@@ -207,9 +228,15 @@ def summarize(cells: dict[str, dict[str, dict]], ours: str = "ours", plain: str 
         best = max(modes, key=modes.__getitem__, default=None)
         peer_best = max([r for s, r in rate.items() if s != ours], default=None)
         mine = rate.get(ours)
+        # the whole answers' seconds (prefill included): what a user waits for the answer each server gave
+        seconds = {s: c["seconds"] for s, c in by_server.items() if c["ok"] and c.get("seconds")}
+        fastest = min([t for s, t in seconds.items() if s != ours], default=None)
         rows.append({"workload": workload, "ours": mine, "plain": rate.get(plain), "best_mode": best,
                      "best_mode_tok_s": modes.get(best), "best_peer_tok_s": peer_best,
                      "vs_plain": _ratio(mine, rate.get(plain)), "vs_best": _ratio(mine, peer_best),
+                     "ours_s": seconds.get(ours), "fastest_peer_s": fastest,
+                     "fastest_peer": min((s for s in seconds if s != ours), key=seconds.__getitem__, default=None),
+                     "time_vs_fastest": _ratio(fastest, seconds.get(ours)),
                      "same_text_as_plain": _same(by_server, ours, plain)})
     return rows
 

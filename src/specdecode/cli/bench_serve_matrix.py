@@ -93,12 +93,13 @@ def _print_matrix(report: dict) -> None:
     out.print(f"{report['config']['hardware']}, {report['config']['threads']} threads, greedy, max_tokens "
               f"{report['config']['max_tokens']}")
     table = Table("workload", "ours tok/s", "llama-server plain", "best llama-server mode", "ours / plain",
-                  "ours / best", "same text as plain", title="decode rate after the first token (tokens/s)")
+                  "ours / best", "answer time: fastest peer / ours", "same text as plain",
+                  title="decode rate after the first token (tokens/s)")
     for row in report["summary"]:
         best = "–" if row["best_mode"] is None else f"{row['best_mode_tok_s']:.1f} ({row['best_mode'][13:]})"
         table.add_row(row["workload"], _num(row["ours"]), _num(row["plain"]), best, _times(row["vs_plain"]),
-                      _times(row["vs_best"]), "–" if row["same_text_as_plain"] is None
-                      else "yes" if row["same_text_as_plain"] else "no")
+                      _times(row["vs_best"]), _times(row.get("time_vs_fastest")),
+                      "–" if row["same_text_as_plain"] is None else "yes" if row["same_text_as_plain"] else "no")
     out.print(table)
     for workload, cells in report["cells"].items():
         for server, cell in cells.items():
