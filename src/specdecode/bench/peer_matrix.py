@@ -157,18 +157,22 @@ async def _warm_up(http, settings: MatrixSettings) -> RequestRecord:
     """One short untimed request: a server's first request pays one-off costs (buffers allocated, code paths
     first run, our policy's first timings) that no later request does; every server pays them here, not in the
     first workload's cell."""
-    body = {"messages": WARMUP, "max_tokens": WARMUP_TOKENS, "temperature": 0.0,
-            **({"model": settings.model} if settings.model else {}), "stream": True}
-    return await stream_request(http, "/v1/chat/completions", body, RequestRecord(-1, 0.0))
+    return await stream_request(http, "/v1/chat/completions", _body(settings, WARMUP, WARMUP_TOKENS),
+                                RequestRecord(-1, 0.0))
+
+
+def _body(settings: MatrixSettings, messages: list[dict], max_tokens: int, extra: dict | None = None) -> dict:
+    """A streamed greedy chat request, as every server is sent it."""
+    return {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
+            **({"model": settings.model} if settings.model else {}), **(extra or {}),
+            "stream": True, "stream_options": {"include_usage": True}}
 
 
 async def _run_workload(http, settings: MatrixSettings, turns: list[Turn]) -> list[RequestRecord]:
     answers, records = [], []
     for i, turn in enumerate(turns):
         await wait_quiet()
-        body = {"messages": turn.messages(answers), "max_tokens": settings.max_tokens, "temperature": 0.0,
-                **({"model": settings.model} if settings.model else {}), **turn.extra,
-                "stream": True, "stream_options": {"include_usage": True}}
+        body = _body(settings, turn.messages(answers), settings.max_tokens, turn.extra)
         record = await stream_request(http, "/v1/chat/completions", body, RequestRecord(i, 0.0))
         records.append(record)
         if not record.ok:
@@ -230,12 +234,13 @@ def summarize(cells: dict[str, dict[str, dict]], ours: str = "ours", plain: str 
         mine = rate.get(ours)
         # the whole answers' seconds (prefill included): what a user waits for the answer each server gave
         seconds = {s: c["seconds"] for s, c in by_server.items() if c["ok"] and c.get("seconds")}
-        fastest = min([t for s, t in seconds.items() if s != ours], default=None)
+        fastest_peer = min((s for s in seconds if s != ours), key=seconds.__getitem__, default=None)
+        fastest = seconds.get(fastest_peer)
         rows.append({"workload": workload, "ours": mine, "plain": rate.get(plain), "best_mode": best,
                      "best_mode_tok_s": modes.get(best), "best_peer_tok_s": peer_best,
                      "vs_plain": _ratio(mine, rate.get(plain)), "vs_best": _ratio(mine, peer_best),
                      "ours_s": seconds.get(ours), "fastest_peer_s": fastest,
-                     "fastest_peer": min((s for s in seconds if s != ours), key=seconds.__getitem__, default=None),
+                     "fastest_peer": fastest_peer,
                      "time_vs_fastest": _ratio(fastest, seconds.get(ours)),
                      "same_text_as_plain": _same(by_server, ours, plain)})
     return rows
