@@ -14,7 +14,9 @@ import pytest
 
 from test_server_helpers import one_torch_thread  # noqa: F401  (an autouse fixture)
 from test_server_helpers import openai_client
-from test_server_helpers import MODEL, error_shape, make_generator, serve
+from test_server_helpers import MODEL, LiveServer, error_shape, make_generator, serve
+
+from specdecode.server import ServerSettings, create_app
 
 PROMPT = "Once upon a time"
 MESSAGES = [{"role": "user", "content": "Pick a colour."}]
@@ -158,3 +160,17 @@ def test_an_invalid_schema_is_a_400_naming_the_problem(server, engine, stream):
         assert r.status_code == 400 and error["param"] == "response_format", r.text
         assert error["type"] == "invalid_request_error" and str(info.value) in error["message"]
     assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
+
+
+def test_the_grammar_engine_is_built_at_start_up(tiny_pair, tokenizer):
+    """Before any request: the first structured request's time to its first token does not pay for it."""
+    generator = make_generator(tiny_pair, tokenizer)
+    assert generator.grammar_cache() is None
+    srv = LiveServer(create_app(generator, MODEL, tokenizer, ServerSettings())).start()
+    try:
+        assert generator.grammar_cache() is not None  # the compiler (shared by the tokenizer's generators) is there
+        chat = openai_client(srv.url, timeout=120).chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=96, temperature=0, response_format=JSON_SCHEMA)
+        _valid(chat.choices[0].message.content, SCHEMA)
+    finally:
+        srv.stop()

@@ -161,7 +161,7 @@ def match_class(length: int) -> int:
 
 
 class Drafter:
-    """The drafter contract: four verbs (outlook, propose, observe, relayout) and five declarations."""
+    """The drafter contract: four verbs (outlook, propose, observe, relayout) and six declarations."""
 
     max_rows: int | None = None  # rows its cache can hold (None: no limit)
     needs_hidden_states: bool = False  # True: the loop hands the target's last hidden states to observe/relayout
@@ -172,6 +172,11 @@ class Drafter:
     # some steps' drafts are copies that run no model (DraftOutlook.free): the generator lets the policy verify those
     # up to max_copy_tokens, far past a model draft's K, since a long match's copy is kept nearly whole
     copies: bool = False
+
+    @property
+    def backends(self) -> tuple:
+        """The model backends it runs its forwards on (none for a drafter that only copies)."""
+        return ()
 
     def outlook(self, rows: DraftRows) -> DraftOutlook:
         """Per row, how many drafts it can really propose this step (prompt lookup: its match's length; at most

@@ -163,6 +163,10 @@ class CrossVocabDrafter(Drafter):
         """The draft's tokens of a text given as target tokens (what it reads for a prompt): for timing it alone."""
         return self.bridge.row(target_ids).draft.ids
 
+    @property
+    def backends(self) -> tuple:
+        return (self.backend,)
+
     def set_prefix_cache(self, max_tokens: int) -> None:
         """Keep up to max_tokens tokens of finished rows' prompts' KV (their draft tokens) for later prompts."""
         self.prefix_cache = PrefixCache(max_tokens) if max_tokens and self._capabilities.prefix_caching else None

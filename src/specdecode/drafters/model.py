@@ -69,6 +69,10 @@ class ModelDrafter(Drafter):
         self.catch_up_tokens = 0  # ... which fed this many tokens over all rows
         self.prefix_cache: PrefixCache | None = None
 
+    @property
+    def backends(self) -> tuple:
+        return (self.backend,)
+
     def set_prefix_cache(self, max_tokens: int) -> None:
         """Keep up to max_tokens tokens of finished rows' prompts' KV for later prompts that start the same."""
         self.prefix_cache = PrefixCache(max_tokens) if max_tokens and self._capabilities.prefix_caching else None

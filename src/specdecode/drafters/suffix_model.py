@@ -97,6 +97,10 @@ class SuffixModelDrafter(Drafter):
         self.counts = SourceCounts()
         self.forward_calls = 0  # the model's forwards, as its proposals report them
 
+    @property
+    def backends(self) -> tuple:
+        return self.model_drafter.backends
+
     def relayout(self, change: RowChange) -> None:
         for part in (self.model_drafter, self.suffix):
             part.relayout(change)

@@ -29,6 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response, StreamingResponse
 
+from ..backends.openmp import single_threaded_torch_beside_llamacpp
 from ..drafters.escaped_copies import EscapedCopies
 from ..structured.tool_calls import template_supports_tools
 from . import allocator
@@ -54,6 +55,17 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\[\]-]+")
 __all__ = ["create_app", "ServerSettings", "APIError"]
 
 
+def _prepare_grammars(generator) -> None:
+    """The grammar compiler built before the first request (its time to the first token would pay it); without a
+    tokenizer or llguidance, structured requests get their error when they come, as before."""
+    if getattr(generator, "tokenizer", None) is None or not hasattr(generator, "prepare_grammars"):
+        return
+    try:
+        generator.prepare_grammars()
+    except (ImportError, ValueError) as exc:  # no grammar engine, or a tokenizer it cannot read
+        log.info("structured outputs not prepared at start-up: %s", exc)
+
+
 def create_app(generator, model_name: str, tokenizer=None, settings: ServerSettings | None = None) -> FastAPI:
     """An app serving `generator` (a SpeculativeGenerator or AutoregressiveGenerator); `model_name` is the target's.
 
@@ -65,6 +77,8 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
     settings = settings or ServerSettings()
     # before the worker, the event loop and the thread pool allocate (serve and Ray replicas: before loading too)
     allocator.fix_mmap_threshold(settings.malloc_mmap_threshold_kib)
+    if hasattr(generator, "target"):  # before any request's torch op in a worker thread (backends/openmp.py)
+        single_threaded_torch_beside_llamacpp(generator.target, getattr(generator, "drafter", None))
     tokenizer = tokenizer if tokenizer is not None else generator.tokenizer
     if tokenizer is None:
         raise ValueError("the server needs a tokenizer (text in, text out): load the model with its tokenizer")
@@ -91,6 +105,7 @@ def create_app(generator, model_name: str, tokenizer=None, settings: ServerSetti
     metrics.watch_caches(generator.grammar_cache, token_texts, served.vocab_size)
 
     async def lifespan(_app):
+        await asyncio.to_thread(_prepare_grammars, generator)
         batcher.start()
         yield
         await asyncio.to_thread(batcher.stop, settings.shutdown_grace_s)
