@@ -229,19 +229,68 @@ class RefHistory:
                 self.docs.move_to_end(doc_id)
 
 
+class RefCursor:
+    """A row's copy cursor (drafters/suffix_cursor.py) from its definition: the prompt position the copy reached;
+    the longest match of the tail ending before a start among the WINDOW prompt positions from it (the nearest of
+    equals, of the first CANDIDATES whose previous token is the tail's last) drafts where it is as long as own's; it
+    moves along the copy offered (1 token kept of its own, CONFIRM of the search's), or along itself."""
+
+    WINDOW, CANDIDATES, CONFIRM = 256, 64, 2
+
+    def __init__(self, prompt: int):
+        self.prompt, self.at, self.offered = prompt, None, None
+
+    def draft(self, log: RefLog, tail, k, own: Draft, factor, offset) -> Draft:
+        self.offered = (own.ends[0] + 1, False) if own.tokens and own.ends else None
+        if self.at is None or k <= 0 or not tail:
+            return own
+        tok = log.tok
+        starts = [q for q in range(max(self.at, 1), min(self.at + self.WINDOW, self.prompt, len(tok) - 1))
+                  if tok[q - 1] == tail[-1]][:self.CANDIDATES]
+        best, best_m = 0, 0
+        for q in starts:
+            m = 0
+            while m < min(len(tail), q, MAX_MATCH) and tok[q - 1 - m] == tail[-1 - m]:
+                m += 1
+            if m > best_m:
+                best, best_m = q, m
+        if not best_m or best_m < own.match:
+            return own
+        limit = k if best_m >= MAX_MATCH else min(k, int(best_m * factor + offset + 1e-6))
+        tokens = tok[best:best + limit]
+        tokens = tokens[:tokens.index(SEP)] if SEP in tokens else tokens
+        if not tokens:
+            return own
+        self.offered = (best, True)
+        return Draft(tokens, float(len(tokens)), best_m, [best - 1], limit=len(tokens))
+
+    def observe(self, log: RefLog, emitted) -> None:
+        offered, self.offered = self.offered, None
+        start, own = offered if offered is not None else (self.at, True)
+        if start is None or start >= self.prompt:
+            return
+        n = 0
+        while n < len(emitted) and start + n < len(log.tok) and log.tok[start + n] == emitted[n]:
+            n += 1
+        if n >= (1 if own else self.CONFIRM):
+            self.at = start + n
+
+
 class RefDrafter:
-    """SuffixDrafter's choice per row: its own context's draft or its key's history's (a tie: its own)."""
+    """SuffixDrafter's choice per row: its own context's draft (its cursor's, with chains) or its key's history's
+    (a tie: its own)."""
 
     def __init__(self, history: RefHistory, min_prob=0.1, factor=1.0, offset=0.0, max_match=MAX_MATCH, width=1):
         self.history, self.min_prob, self.factor, self.offset = history, min_prob, factor, offset
         self.max_match, self.width, self.trees, self.max_leaves = max_match, width, False, None
-        self.rows, self.keys, self.marks = [], [], []
+        self.rows, self.keys, self.marks, self.cursors = [], [], [], []
 
     def prefill(self, prompts, keys) -> None:
         for prompt in prompts:
             log = RefLog(max(256, 2 * len(prompt)))
             log.extend(prompt)
             self.rows.append(log)
+            self.cursors.append(RefCursor(len(prompt)))
         self.keys += keys
         self.marks += [self.history.next_id] * len(prompts)
 
@@ -252,6 +301,11 @@ class RefDrafter:
         self.rows = [self.rows[i] for i in kept]
         self.keys = [self.keys[i] for i in kept]
         self.marks = [self.marks[i] for i in kept]
+        self.cursors = [self.cursors[i] for i in kept]
+
+    def observe(self, b: int, emitted) -> None:
+        self.cursors[b].observe(self.rows[b], emitted)
+        self.rows[b].extend(emitted)
 
     def with_tree(self, draft: Draft, k: int) -> Draft:
         if self.trees:
@@ -259,9 +313,13 @@ class RefDrafter:
         return draft
 
     def draft(self, b: int, k: int) -> Draft:
-        log = self.rows[b]
+        log, cursor = self.rows[b], self.cursors[b]
         tail = log.tail(self.max_match)
         own = ref_speculate(log, tail, k, self.min_prob, self.factor, self.offset)
+        if self.trees:
+            cursor.offered = None
+        else:
+            own = cursor.draft(log, tail, k, own, self.factor, self.offset)
         if not self.history.max_tokens:
             return self.with_tree(own, k)
         shared = self.history.speculate(tail, self.keys[b], k, self.min_prob, self.factor, self.offset,
@@ -269,6 +327,7 @@ class RefDrafter:
         own, shared = self.with_tree(own, k), self.with_tree(shared, k)
         if (shared.tree[2] <= own.tree[2]) if self.trees else (shared.score <= own.score):
             return own
+        cursor.offered = None
         self.history.used(shared)
         return shared
 
@@ -432,12 +491,12 @@ def test_a_drafters_drafts_step_by_step_are_the_references(seed, width, vocab, s
             drafted = (w.tree[0] if trees else w.tokens)[:widest]
             assert proposal.tokens[b, :len(drafted)].tolist() == drafted
         emitted = []
-        for b, log in enumerate(ref.rows):
+        for b in range(len(ref.rows)):
             source = rng.choice(texts)
             s = rng.randrange(len(source) - 4)
             emitted.append(source[s:s + rng.randint(1, 4)] if rng.random() < 0.6 else
                            [rng.randrange(vocab) for _ in range(rng.randint(1, 4))])
-            log.extend(emitted[-1])
+            ref.observe(b, emitted[-1])
         rows.observe(emitted)
         if rng.random() < 0.08:
             kept = [b for b in range(len(ref.rows)) if rng.random() < 0.5]

@@ -36,6 +36,7 @@ import torch
 from ..backends.rows import RowChange
 from ..exact.token_tree import padded
 from .base import DraftChoice, DraftContext, Drafter, DraftOutcome, DraftOutlook, DraftRows, Proposal, match_class
+from .suffix_cursor import CopyCursor
 from .suffix_drafts import Draft, speculate, speculate_tree
 from .suffix_history import SuffixHistory
 from .suffix_index import MAX_MATCH, TokenLog
@@ -50,6 +51,7 @@ class _Row:
     log: TokenLog  # the suffix index of the row's text: its prompt, then what each step emitted
     key: object  # its history key: it drafts from that key's documents and joins them when it leaves
     mark: int  # the history's next_id when it joined: it drafts only from the documents before
+    cursor: CopyCursor  # where its copy of its prompt stands (chains only)
 
 
 class SuffixDrafter(Drafter):
@@ -117,7 +119,7 @@ class SuffixDrafter(Drafter):
             log = TokenLog(max(256, 2 * len(text.prompt)))
             log.extend(text.prompt)
             log.extend(text.output)
-            self._rows[text.id] = _Row(log, self._next_key(), mark)
+            self._rows[text.id] = _Row(log, self._next_key(), mark, CopyCursor(len(text.prompt)))
         ids = list(self._rows)
         for i in change.leaving(len(ids) - len(change.appended)):
             row = self._rows[ids[i]]
@@ -127,7 +129,10 @@ class SuffixDrafter(Drafter):
     def observe(self, outcome: DraftOutcome) -> None:
         rows = self._rows
         for text, tokens in zip(outcome.texts, outcome.emitted):
-            rows[text.id].log.extend(tokens)
+            row = rows[text.id]
+            tokens = list(tokens)
+            row.cursor.observe(row.log, tokens)
+            row.log.extend(tokens)
 
     # ------------------------------------------------------------------ drafting
     def _draft(self, row: _Row, k: int, trees: bool, leaves: int | None) -> Draft:
@@ -136,6 +141,10 @@ class SuffixDrafter(Drafter):
         log = row.log
         tail = log.tail(self.max_match)
         own = speculate(log, tail, k, self.min_prob, self.factor, self.offset)
+        if trees:
+            row.cursor.offered = None  # trees branch where the cursor's single copy would not: it follows its own
+        else:
+            own = row.cursor.draft(log, tail, k, own, self.factor, self.offset)
         if not self.history.max_tokens:
             return self._with_tree(own, k, trees, leaves)
         # With chains only a draft scoring above own's is used: the history's search stops where none can.
@@ -145,6 +154,7 @@ class SuffixDrafter(Drafter):
             own, shared = self._with_tree(own, k, trees, leaves), self._with_tree(shared, k, trees, leaves)
         if (shared.tree[2] <= own.tree[2]) if trees else (shared.score <= own.score):
             return own
+        row.cursor.offered = None  # the history's draft: not a copy of the row's own text
         self.history.used(shared)  # keeps documents that keep proposing in the history (LRU)
         return shared
 
