@@ -8,7 +8,7 @@ import pytest
 
 from drafting import Driver
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator, SuffixDrafter
-from specdecode.drafters.suffix_cursor import CONFIRM, WINDOW, CopyCursor
+from specdecode.drafters.suffix_cursor import CONFIRM, COPY_FACTOR, COPY_OFFSET, WINDOW, CopyCursor
 from specdecode.drafters.suffix_drafts import speculate
 from specdecode.drafters.suffix_index import TokenLog
 
@@ -23,10 +23,10 @@ def log_of(*parts) -> TokenLog:
     return log
 
 
-def drafts(log: TokenLog, cursor: CopyCursor, k: int = 8):
+def drafts(log: TokenLog, cursor: CopyCursor, k: int = 8, factor: float = 1.0, offset: float = 0.0):
     tail = log.tail(64)
-    own = speculate(log, tail, k, 0.1)
-    return own, cursor.draft(log, tail, k, own, 1.0, 0.0)
+    own = speculate(log, tail, k, 0.1, factor, offset)
+    return own, cursor.draft(log, tail, k, own, factor, offset)
 
 
 def test_the_copy_resumes_at_the_nearest_repeat_after_the_cursor_not_the_latest():
@@ -34,16 +34,24 @@ def test_the_copy_resumes_at_the_nearest_repeat_after_the_cursor_not_the_latest(
     (30 31 ...), the cursor the one its copy reached first (20 21 ...)."""
     log = log_of(PROMPT, [10, 9, 1, 2, 3, 4])
     cursor = CopyCursor(len(PROMPT), at=1)
-    own, draft = drafts(log, cursor)
-    assert own.tokens[:2] == [30, 31]
-    assert draft.tokens == [20, 21, 22, 23] and draft.match == own.match == 4  # at most m * factor tokens
-    assert cursor.offered == (5, True)
+    own, draft = drafts(log, cursor, k=64)
+    assert own.tokens == [30, 31, 32, 33]  # the search's rule: at most m * factor tokens
+    assert draft.match == own.match == 4 and cursor.offered == (5, True)
+    assert draft.tokens == log.tokens()[5:5 + int(4 * COPY_FACTOR + COPY_OFFSET)]  # the copy goes on past it
+    assert draft.tokens[:4] == [20, 21, 22, 23]
+
+
+def test_a_cursor_copy_is_at_most_k_tokens_and_at_least_the_searchs_rule():
+    log = log_of(PROMPT, [10, 9, 1, 2, 3, 4])
+    assert drafts(log, CopyCursor(len(PROMPT), at=1), k=3)[1].tokens == [20, 21, 22]
+    own, draft = drafts(log, CopyCursor(len(PROMPT), at=1), k=64, factor=8.0)  # a longer rule asked for wins
+    assert draft.tokens == log.tokens()[5:] and len(draft.tokens) > 4 * COPY_FACTOR + COPY_OFFSET  # to the log's end
 
 
 def test_the_cursor_never_goes_back_nor_past_its_window():
     log = log_of(PROMPT, [10, 9, 1, 2, 3, 4])
     cursor = CopyCursor(len(PROMPT), at=6)  # the copy is past the first sentence: only the second is ahead
-    assert drafts(log, cursor)[1].tokens == [30, 31, 32, 33]
+    assert drafts(log, cursor)[1].tokens[:4] == [30, 31, 32, 33]
     far = [7] * WINDOW + PROMPT  # both sentences more than WINDOW tokens from a cursor at 0
     log = log_of(far, [10, 9, 1, 2, 3, 4])
     cursor = CopyCursor(len(far), at=0)
@@ -55,7 +63,7 @@ def test_the_longest_match_ahead_beats_the_nearest():
     log = log_of(PROMPT, [5, 1, 2, 3, 4])  # "5 1 2 3 4" occurs only before the second continuation
     cursor = CopyCursor(len(PROMPT), at=1)
     own, draft = drafts(log, cursor)
-    assert draft.tokens == own.tokens == [30, 31, 32, 33, 5] and draft.match == 5
+    assert draft.tokens[:5] == own.tokens == [30, 31, 32, 33, 5] and draft.match == 5  # (k = 8 tokens of it)
     assert cursor.offered == (14, True)
 
 

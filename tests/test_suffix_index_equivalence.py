@@ -235,7 +235,7 @@ class RefCursor:
     equals, of the first CANDIDATES whose previous token is the tail's last) drafts where it is as long as own's; it
     moves along the copy offered (1 token kept of its own, CONFIRM of the search's), or along itself."""
 
-    WINDOW, CANDIDATES, CONFIRM = 256, 64, 2
+    WINDOW, CANDIDATES, CONFIRM, FACTOR, OFFSET = 256, 64, 2, 2.0, 8.0
 
     def __init__(self, prompt: int):
         self.prompt, self.at, self.offered = prompt, None, None
@@ -256,13 +256,15 @@ class RefCursor:
                 best, best_m = q, m
         if not best_m or best_m < own.match:
             return own
-        limit = k if best_m >= MAX_MATCH else min(k, int(best_m * factor + offset + 1e-6))
+        def rule(factor, offset):
+            return k if best_m >= MAX_MATCH else min(k, int(best_m * factor + offset + 1e-6))
+        limit = rule(max(factor, self.FACTOR), max(offset, self.OFFSET))
         tokens = tok[best:best + limit]
         tokens = tokens[:tokens.index(SEP)] if SEP in tokens else tokens
         if not tokens:
             return own
         self.offered = (best, True)
-        return Draft(tokens, float(len(tokens)), best_m, [best - 1], limit=len(tokens))
+        return Draft(tokens, float(min(len(tokens), rule(factor, offset))), best_m, [best - 1], limit=len(tokens))
 
     def observe(self, log: RefLog, emitted) -> None:
         offered, self.offered = self.offered, None

@@ -8,7 +8,8 @@ part of the file than the one being copied.
 
 The cursor is the prompt position the copy has reached (`at`: the next token expected is log[at]). Of the places in
 the WINDOW prompt tokens from `at` on where the context's tail matches, the longest match wins, the nearest on ties;
-where it is as long as the search's best match, the draft is what follows it. The cursor moves with what the row
+where it is as long as the search's best match, the draft is what follows it, longer after a short match than the
+search's own (COPY_FACTOR, COPY_OFFSET). The cursor moves with what the row
 emits: along the copy it drafted from (any token kept moves it), or to a prompt position the search's own draft
 came from once CONFIRM tokens of it were kept (a single token copied from afar is as often chance).
 
@@ -28,6 +29,10 @@ from .suffix_index import MAX_MATCH, SEP, TokenLog
 WINDOW = 256  # prompt tokens from the cursor on searched for the copy's next match
 CONFIRM = 2  # tokens kept of a draft copied from elsewhere in the prompt before the cursor moves there
 _CANDIDATES = 64  # positions in the window read at most (the nearest)
+# A cursor copy after a match of m tokens drafts up to m * COPY_FACTOR + COPY_OFFSET (the search's rule where that
+# is longer): a copy the row has been following goes on past a short match far more often than a match found
+# anywhere (the policy still chooses how much of it to verify). Measured in the journal, 2026-12-03.
+COPY_FACTOR, COPY_OFFSET = 2.0, 8.0
 
 
 def _backward_match(tok, end: int, tail: list[int]) -> int:
@@ -58,14 +63,18 @@ class CopyCursor:
         if not m or m < own.match:
             return own
         tok, size, tokens = log._tokv, log.size, []
-        for q in range(start, min(size, start + draft_limit(m, k, factor, offset))):
+        longest = draft_limit(m, k, max(factor, COPY_FACTOR), max(offset, COPY_OFFSET))
+        for q in range(start, min(size, start + longest)):
             if tok[q] == SEP:
                 break
             tokens.append(tok[q])
         if not tokens:
             return own
         self.offered = (start, True)
-        return Draft(tokens, float(len(tokens)), m, [start - 1], limit=len(tokens))
+        # Scored as the search's rule would cut it: against the history's drafts the longer copy claims nothing
+        # more (an escaped document's copy of the same text goes on where the raw prompt's stops).
+        score = float(min(len(tokens), draft_limit(m, k, factor, offset)))
+        return Draft(tokens, score, m, [start - 1], limit=len(tokens))
 
     def _match_after(self, log: TokenLog, tail: list[int]) -> tuple[int, int]:
         """(start, m): the longest match of the tail ending just before a start in the window (the nearest of
