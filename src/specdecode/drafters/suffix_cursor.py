@@ -9,9 +9,9 @@ part of the file than the one being copied.
 The cursor is the prompt position the copy has reached (`at`: the next token expected is log[at]). Of the places in
 the WINDOW prompt tokens from `at` on where the context's tail matches, the longest match wins, the nearest on ties;
 where it is as long as the search's best match, the draft is what follows it, longer after a short match than the
-search's own (COPY_FACTOR, COPY_OFFSET). The cursor moves with what the row
-emits: along the copy it drafted from (any token kept moves it), or to a prompt position the search's own draft
-came from once CONFIRM tokens of it were kept (a single token copied from afar is as often chance).
+search's own (COPY_FACTOR, COPY_OFFSET). The cursor moves with what the row emits: along the copy it drafted from
+(any token kept moves it), or to a prompt position the search's own draft came from once CONFIRM tokens of it were
+kept (a single token copied from afar is as often chance).
 
 Drafts stay deterministic and the cursor is a function of the row's own past (its tokens and where its steps fell),
 never of a step's random numbers: the output keeps exactly the target's distribution.
@@ -31,7 +31,7 @@ CONFIRM = 2  # tokens kept of a draft copied from elsewhere in the prompt before
 _CANDIDATES = 64  # positions in the window read at most (the nearest)
 # A cursor copy after a match of m tokens drafts up to m * COPY_FACTOR + COPY_OFFSET (the search's rule where that
 # is longer): a copy the row has been following goes on past a short match far more often than a match found
-# anywhere (the policy still chooses how much of it to verify). Measured in the journal, 2026-12-03.
+# anywhere (the policy still chooses how much of it to verify; the measurements: docs/JOURNAL.md, "The copy cursor").
 COPY_FACTOR, COPY_OFFSET = 2.0, 8.0
 
 
@@ -62,12 +62,8 @@ class CopyCursor:
         start, m = self._match_after(log, tail)
         if not m or m < own.match:
             return own
-        tok, size, tokens = log._tokv, log.size, []
-        longest = draft_limit(m, k, max(factor, COPY_FACTOR), max(offset, COPY_OFFSET))
-        for q in range(start, min(size, start + longest)):
-            if tok[q] == SEP:
-                break
-            tokens.append(tok[q])
+        tokens = log.following([start - 1], draft_limit(m, k, max(factor, COPY_FACTOR), max(offset, COPY_OFFSET)))[0]
+        tokens = tokens[:tokens.index(SEP)] if SEP in tokens else tokens
         if not tokens:
             return own
         self.offered = (start, True)
