@@ -137,3 +137,31 @@ def test_sampled_output_with_a_k_that_follows_the_classes_is_the_targets(method)
     assert len(set(result.stats.k_histogram)) >= 3  # K really varied with the classes
     assert 0.05 < result.stats.acceptance_rate < 0.98
     assert_first_tokens_follow_target(model, PROMPT, result.token_ids, temperature=0.8)
+
+
+def test_an_untried_long_match_class_is_drafted_after_short_matches_missed():
+    """With the copying drafters' class prior, a class never verified is judged by what such matches are measured to
+    keep, not by the batch's rate: after a run of one-token matches that all missed, the first copy after a 20-token
+    match is drafted (without the prior it was not: the batch's misses priced it out, and it was never tried)."""
+    for class_prior, drafts_long in [(SuffixDrafter.class_acceptance, True), (None, False)]:
+        policy = AdaptivePolicy(8, class_prior=class_prior)
+        row = policy.new_row()
+        for _ in range(12):
+            k = policy.decide(Outlook([row], [8], free=True, classes=[SHORT])).k
+            policy.learn(Outcome([row], k or 1, [0], [k or 1], 1, 0.0, V[(k or 1) + 1], free=True))
+        for k in range(9):  # the costs timed, as a run's explorations would have
+            policy.learn(Outcome([row], k, [0], [k], 1, 0.0, V[k + 1], free=True))
+        assert (policy.decide(Outlook([row], [8], free=True, classes=[LONG])).k > 0) is drafts_long
+        assert policy.decide(Outlook([row], [8], free=True, classes=[SHORT])).k == 0
+
+
+def test_copying_drafters_declare_a_prior_per_class_and_the_generator_passes_it():
+    from specdecode.drafters.base import MATCH_CLASS_ACCEPTANCE, MATCH_CLASSES
+
+    assert len(MATCH_CLASS_ACCEPTANCE) == len(MATCH_CLASSES) + 1
+    assert list(MATCH_CLASS_ACCEPTANCE) == sorted(MATCH_CLASS_ACCEPTANCE)  # a longer match is kept at least as often
+    assert PromptLookupDrafter.class_acceptance == SuffixDrafter.class_acceptance == MATCH_CLASS_ACCEPTANCE
+    generator = SpeculativeGenerator(tiny_qwen(64, 0), SuffixDrafter(history_tokens=0), "auto")
+    assert generator.policy.class_prior == MATCH_CLASS_ACCEPTANCE
+    with pytest.raises(ValueError, match="class_prior"):
+        AdaptivePolicy(8, class_prior=(0.5, 1.5))

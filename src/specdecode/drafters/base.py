@@ -150,6 +150,9 @@ class DraftContext:
 
 
 MATCH_CLASSES = (1, 2, 3, 5, 8, 15, 31)  # upper bounds of the match-length classes; longer matches are the last class
+# The first copied token's acceptance per class, as match_class's docstring gives it: what the policy assumes of a
+# class before it has verified any of its drafts (a copy after a long match is not judged by the short ones' misses)
+MATCH_CLASS_ACCEPTANCE = (0.19, 0.53, 0.69, 0.71, 0.86, 0.95, 0.97, 0.98)
 
 
 def match_class(length: int) -> int:
@@ -172,6 +175,9 @@ class Drafter:
     # some steps' drafts are copies that run no model (DraftOutlook.free): the generator lets the policy verify those
     # up to max_copy_tokens, far past a model draft's K, since a long match's copy is kept nearly whole
     copies: bool = False
+    # per draft class (DraftOutlook.classes), the acceptance the policy assumes before that class's drafts were
+    # verified (None: the batch's, which mixes every class's)
+    class_acceptance: tuple[float, ...] | None = None
 
     @property
     def backends(self) -> tuple:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from .base import DraftChoice, DraftContext, Drafter, DraftOutlook, DraftRows, Proposal, match_class
+from .base import (MATCH_CLASS_ACCEPTANCE, DraftChoice, DraftContext, Drafter, DraftOutlook, DraftRows, Proposal,
+                   match_class)
 
 
 class PromptLookupDrafter(Drafter):
     """Copies what followed the latest earlier occurrence of each row's last n-gram (max_ngram down to min_ngram),
     read from the row's text where the session keeps it: it keeps nothing per row."""
+
+    class_acceptance = MATCH_CLASS_ACCEPTANCE
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:

@@ -35,7 +35,8 @@ import torch
 
 from ..backends.rows import RowChange
 from ..exact.token_tree import padded
-from .base import DraftChoice, DraftContext, Drafter, DraftOutcome, DraftOutlook, DraftRows, Proposal, match_class
+from .base import (MATCH_CLASS_ACCEPTANCE, DraftChoice, DraftContext, Drafter, DraftOutcome, DraftOutlook, DraftRows,
+                   Proposal, match_class)
 from .suffix_cursor import CopyCursor
 from .suffix_drafts import Draft, speculate, speculate_tree
 from .suffix_history import SuffixHistory
@@ -65,6 +66,7 @@ class SuffixDrafter(Drafter):
     """
 
     copies = True
+    class_acceptance = MATCH_CLASS_ACCEPTANCE
 
     def __init__(self, history: SuffixHistory | None = None, key: str | None = None, min_prob: float = 0.1,
                  max_spec_factor: float = 1.0, max_spec_offset: float = 0.0, max_match: int = MAX_MATCH,

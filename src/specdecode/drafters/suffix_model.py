@@ -93,6 +93,7 @@ class SuffixModelDrafter(Drafter):
         self.vocab_size = self.model_drafter.vocab_size
         self.max_rows = self.model_drafter.max_rows
         self.copies = self.suffix.copies  # its free steps are the suffix's copies
+        self.class_acceptance = self.suffix.class_acceptance  # its classes are the suffix's
         self.needs_hidden_states = self.model_drafter.needs_hidden_states or self.suffix.needs_hidden_states
         self.counts = SourceCounts()
         self.forward_calls = 0  # the model's forwards, as its proposals report them

@@ -130,7 +130,9 @@ class SpeculativeGenerator:
 
     def _policy(self, speculation: Speculation):
         copies = {} if self.max_copy_tokens is None else {"max_copy_k": self.max_copy_tokens}
-        return make_policy(speculation, self.max_speculative_tokens, self.cost_prior, **copies)
+        classes = getattr(self.drafter, "class_acceptance", None)  # a copying drafter's prior per draft class
+        extra = {**copies, **({"class_prior": classes} if classes is not None else {})}
+        return make_policy(speculation, self.max_speculative_tokens, self.cost_prior, **extra)
 
     # ------------------------------------------------------------------ public API
     @property

@@ -18,12 +18,11 @@ positions 1..n accepted and position n+1 rejected (when n < k); later positions 
 counted. A position with little evidence leans on a coarser estimate (shrinkage): row -> batch at that position
 -> batch pooled over positions -> a prior of 0.7, so a new row, or a deep position, is not clueless.
 
-Draft classes. A copying drafter knows before each step how good its draft is likely to be: a suffix or prompt-lookup
-draft after a 16-token match is kept nearly always, one after a 1-token match rarely (DraftOutlook.classes, the
-match length bucketed). Where a row's draft has a class, its acceptance is learned per class instead of per row
-(class at that position -> class pooled -> batch pooled), so the policy drafts where the match is long and decodes
-plainly where it is short, step by step, instead of following a row average that mixes both. A class is a function
-of the context (the drafts are deterministic), so K stays a function of what is known before the step.
+Draft classes. A copying drafter knows before each step how good its draft is likely to be (DraftOutlook.classes,
+the match length bucketed): a copy after a 16-token match is kept nearly always, after a 1-token match rarely. A
+classed draft's acceptance is learned per class (class at that position -> class pooled -> the drafter's prior for
+the class, else the batch's), so the policy drafts after long matches and decodes plainly after short ones. A class
+is a function of the context (drafts are deterministic), so K stays a function of what is known before the step.
 
 Long copies. A step whose drafts all run no model (Outlook.free: every row copies) may verify up to max_copy_k tokens,
 a model's at most max_k: a copy after a long match (a file re-emitted with a rename) is kept nearly whole, and a
@@ -142,8 +141,8 @@ class Policy(PolicyEstimates, ABC):
     settled = False  # whether it decodes plainly without looking (AdaptivePolicy: Settling): the drafter is not asked
     model_drafts = False  # every draft comes from a model (the loop reads Drafter.drafts_from_model): it may settle
 
-    def __init__(self, max_k: int, decay: float = DECAY, prior: CostPrior | None = None):
-        super().__init__(max_k, decay, prior)
+    def __init__(self, max_k: int, decay: float = DECAY, prior: CostPrior | None = None, class_prior=None):
+        super().__init__(max_k, decay, prior, class_prior)
         self.probes = self.explorations = self.refreshes = 0
         self.trial = False  # whether the last choose() was a probe or an exploration (decide() reports it)
 
@@ -188,7 +187,6 @@ class Policy(PolicyEstimates, ABC):
             row.cap = cap
         return min(self.max_k, max(caps, default=0))
 
-    # ------------------------------------------------------------------ explaining itself
     def summary(self) -> dict:
         """JSON-able: the K histogram, probes, and the current cost and acceptance estimates."""
         steps = sum(self._histogram.values())
@@ -290,15 +288,15 @@ class AdaptivePolicy(Policy):
     name = "adaptive"
     adaptive = True
 
-    def __init__(self, max_k: int = 8, decay: float = DECAY, probe_forget: float = PROBE_FORGET,
-                 margin: float = MARGIN, prior: CostPrior | None = None, max_copy_k: int | None = None):
+    def __init__(self, max_k: int = 8, decay: float = DECAY, probe_forget: float = PROBE_FORGET, margin: float = MARGIN,
+                 prior: CostPrior | None = None, max_copy_k: int | None = None, class_prior=None):
         if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 1:
             raise ValueError(f"AdaptivePolicy needs max_k >= 1, got {max_k!r}")
         if max_copy_k is not None and (isinstance(max_copy_k, bool) or not isinstance(max_copy_k, int)
                                        or not max_k <= max_copy_k <= MAX_COPY_K):
             raise ValueError(f"AdaptivePolicy needs max_copy_k in max_k..{MAX_COPY_K} ({max_k}..{MAX_COPY_K}) or "
                              f"None, got {max_copy_k!r}")
-        super().__init__(max_copy_k or max_k, decay, prior)
+        super().__init__(max_copy_k or max_k, decay, prior, class_prior)
         self.model_k = max_k  # the widest step whose drafts run a model; free steps (copies) go up to self.max_k
         self.probe_forget = probe_forget
         self.margin = margin
@@ -491,10 +489,12 @@ class AdaptivePolicy(Policy):
             self._wait = min(PROBE_MAX, 2 * self._wait)
 
 
-def make_policy(spec, max_k: int = 8, prior: CostPrior | None = None, max_copy_k: int | None = None) -> Policy:
-    """'auto' -> AdaptivePolicy(max_k, max_copy_k); a fixed K (0 = plain) -> FixedPolicy(K). Parsed by
-    Speculation.parse. prior: the costs it starts from (CostPrior: a GPU's shape by default). max_copy_k: how far a
-    step whose drafts are all free copies may go (None: max_k, as a model's)."""
+def make_policy(spec, max_k: int = 8, prior: CostPrior | None = None, max_copy_k: int | None = None,
+                class_prior=None) -> Policy:
+    """'auto' -> AdaptivePolicy(max_k, max_copy_k); a fixed K (0 = plain) -> FixedPolicy(K) (Speculation.parse).
+    prior: the costs it starts from (CostPrior: a GPU's shape by default). max_copy_k: how far a step of free copies
+    may go (None: max_k). class_prior: the acceptance assumed per draft class (the drafter's class_acceptance)."""
     speculation = Speculation.parse(spec)
-    return AdaptivePolicy(max_k, prior=prior, max_copy_k=max_copy_k) if speculation.auto \
-        else FixedPolicy(speculation.k, prior=prior)
+    if speculation.auto:
+        return AdaptivePolicy(max_k, prior=prior, max_copy_k=max_copy_k, class_prior=class_prior)
+    return FixedPolicy(speculation.k, prior=prior)

@@ -142,9 +142,15 @@ class PolicyEstimates:
     acceptance per position for the batch, per row and per draft class, timed costs per batch size, and what a step
     of K drafts is expected to yield and cost. observe() records a step."""
 
-    def __init__(self, max_k: int, decay: float = DECAY, prior: CostPrior | None = None):
+    def __init__(self, max_k: int, decay: float = DECAY, prior: CostPrior | None = None,
+                 class_prior: Sequence[float] | None = None):
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay!r}")
+        if class_prior is not None and (not class_prior or not all(0.0 < a < 1.0 for a in class_prior)):
+            raise ValueError(f"class_prior needs an acceptance in (0, 1) per draft class, got {class_prior!r}")
+        # per draft class, the acceptance assumed before its drafts were verified (Drafter.class_acceptance; a class
+        # past the last takes the last's); None: the batch's pooled rate, which mixes every class's
+        self.class_prior = None if class_prior is None else tuple(float(a) for a in class_prior)
         self.max_k = max_k
         self.decay = decay
         self.prior = prior or CostPrior()  # costs before any timing (in target steps), and the curve's shape
@@ -215,15 +221,22 @@ class PolicyEstimates:
         """E(k) for k = 0..max_k: the new tokens row expects from a step with k drafts (from its draft class's
         evidence where it has one)."""
         evidence, priors = self._evidence(row), batch or self.batch_acceptance()
-        if evidence is not row:  # a class: shrunk to its own pooled rate, which is shrunk to the batch's
-            pooled = shrunk(sum(evidence.accepted), sum(evidence.seen),
-                            shrunk(sum(self.accepted), sum(self.seen), PRIOR_ACCEPTANCE))
+        if evidence is not row:  # a class: shrunk to its own pooled rate, which is shrunk to its prior
+            pooled = shrunk(sum(evidence.accepted), sum(evidence.seen), self._class_prior(row.draft_class))
             priors = [pooled] * len(priors)
         gains, run = [1.0], 1.0
         for a, s, prior in zip(evidence.accepted, evidence.seen, priors):
             run *= shrunk(a, s, prior)
             gains.append(gains[-1] + run)
         return gains
+
+    def _class_prior(self, draft_class: int) -> float:
+        """What a class's acceptance is shrunk to: its prior where the drafter gave one, else the batch's pooled rate.
+        (After a run of short matches' misses the batch's rate is low, and a class of long matches, never tried,
+        would never be: its copies kept ~90 % of the time went undrafted on novel code.)"""
+        if self.class_prior is not None:
+            return self.class_prior[min(draft_class, len(self.class_prior) - 1)]
+        return shrunk(sum(self.accepted), sum(self.seen), PRIOR_ACCEPTANCE)
 
     def verify_cost(self, n: int, batch_size: int, borrow: bool = True) -> float:
         """Seconds (or prior target steps, before any timing) of a target forward of n tokens."""
