@@ -130,7 +130,7 @@ class SpeculativeGenerator:
 
     def _policy(self, speculation: Speculation):
         copies = {} if self.max_copy_tokens is None else {"max_copy_k": self.max_copy_tokens}
-        classes = getattr(self.drafter, "class_acceptance", None)  # a copying drafter's prior per draft class
+        classes = self.drafter.class_acceptance if self.drafter is not None else None  # a copying drafter's, per class
         extra = {**copies, **({"class_prior": classes} if classes is not None else {})}
         return make_policy(speculation, self.max_speculative_tokens, self.cost_prior, **extra)
 
