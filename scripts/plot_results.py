@@ -3,6 +3,8 @@
     python scripts/plot_results.py            # writes every figure into docs/img/
     python scripts/plot_results.py --table    # prints the summary table (docs/RESULTS.md and the README hold it)
     python scripts/plot_results.py --out DIR  # the figures into DIR instead
+    python scripts/plot_results.py --matrix peer-matrix-xeon.json   # a matrix run's table (the results page's)
+    python scripts/plot_results.py --aider aider-edits-amd-epyc-avx512.json   # an aider run's table
 
 Every number comes from a file of docs/results/; what a file does not say (the hardware, the peer, the date, the
 command that made it) is written next to it here, once, and printed with it. tests/test_docs_results.py checks that
@@ -24,10 +26,13 @@ RESULTS = ROOT / "docs" / "results"
 IMG = ROOT / "docs" / "img"
 
 EPYC = "2-vCPU AMD EPYC (AVX-512)"
-EPYC_AVX2 = "2-vCPU AMD EPYC (AVX2)"
-MATRIX = "peer-matrix-amd-epyc-256.json"  # `specdecode bench serve --workload matrix`, 256 tokens an answer
-MATRIX_XEON = "peer-matrix-xeon.json"  # the same command on the Xeon, 256 tokens an answer
 XEON = "2-vCPU Intel Xeon (AVX-512)"
+MATRIX_XEON = "peer-matrix-xeon.json"  # `specdecode bench serve --workload matrix`, 256 tokens an answer
+# The matrix runs whose tables the results page shows (each file's table is `--matrix FILE`'s)
+MATRIX_TABLES = (MATRIX_XEON, "peer-matrix-amd-epyc-avx512-1.json", "peer-matrix-amd-epyc-avx512-2.json")
+AIDER_TABLES = ("aider-edits-amd-epyc-avx512.json",)  # scripts/aider_edit_check.py's runs the results page shows
+# The summary's matrix runs, one per CPU: (file, hardware, max_tokens, date); their tables are the results page's.
+MATRIX_RUNS = ((MATRIX_XEON, XEON, 256, "2026-12-03"), ("peer-matrix-amd-epyc-avx512-2.json", EPYC, 256, "2026-12-04"))
 H200 = "NVIDIA H200"
 OURS, PEER, OURS_PLAIN = "#2a7ab9", "#9a9a9a", "#8fc1e3"
 
@@ -96,6 +101,7 @@ def summary_rows() -> list[Row]:
             "`specdecode bench serve --workload agent --llama-server PATH --peer-gguf qwen2.5-coder-1.5b-instruct "
             "--threads 2 --max-tokens 512`", "agent-auto-client-parsed-lat0.json"),
         *matrix_rows(),
+        aider_row(AIDER_TABLES[0]),
         Row(H200, "128 tokens, random weights (1.5B shape), every draft kept, K = 4",
             "transformers backend", "transformers' assisted generation",
             statistics.median(h200["times_ms"]["ours_spec"]) / 1000,
@@ -111,8 +117,7 @@ MATRIX_COMMAND = ("`specdecode bench serve --workload matrix --url URL --llama-s
 def matrix_rows() -> list[Row]:
     """The matrix's rename edit and novel code on each CPU: ours against the best llama-server mode (plain included)."""
     rows = []
-    runs = ((MATRIX_XEON, XEON, 256, "2026-12-03"), (MATRIX, EPYC_AVX2, 256, "2026-12-02"))
-    for source, hardware, tokens, measured in runs:
+    for source, hardware, tokens, measured in MATRIX_RUNS:
         summary = {row["workload"]: row for row in load(source)["summary"]}
         for workload, label in (("edit: rename", f"whole-file rename (bisect.py), {tokens} tokens"),
                                 ("novel code", f"novel code (chat), {tokens} tokens")):
@@ -123,6 +128,57 @@ def matrix_rows() -> list[Row]:
                             row["ours"], row["best_peer_tok_s"], "tok/s", measured,
                             MATRIX_COMMAND.replace("--max-tokens 128", f"--max-tokens {tokens}"), source))
     return rows
+
+
+def _x(ratio: float) -> str:
+    return f"{ratio:.2f}×" + (" (slower)" if round(ratio, 2) < 1 else "")
+
+
+def _mode(server: str) -> str:
+    return "plain" if server == "llama-server" else server.removeprefix("llama-server ")
+
+
+def matrix_table(source: str) -> str:
+    """A matrix run as the results page shows it: per workload our decode rate, llama-server plain's and its best
+    mode's, the ratios, and the time to each whole answer (ours against the fastest peer's)."""
+    columns = ["workload", "ours", "llama-server plain", "best llama-server mode", "ours / plain", "ours / best peer",
+               "answer time: fastest peer / ours"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in load(source)["summary"]:
+        best = _mode(row["best_mode"]) if row["best_mode_tok_s"] == row["best_peer_tok_s"] else "plain"
+        lines.append(f"| {row['workload']} | {row['ours']:.1f} | {row['plain']:.1f} | {row['best_peer_tok_s']:.1f} "
+                     f"({best}) | {row['vs_plain']:.2f}× | {_x(row['vs_best'])} | {row['fastest_peer_s']:.1f} s vs "
+                     f"{row['ours_s']:.1f} s ({_mode(row['fastest_peer'])}): {_x(row['time_vs_fastest'])} |")
+    return "\n".join(lines)
+
+
+def aider_table(source: str) -> str:
+    """scripts/aider_edit_check.py's run as the results page shows it: per edit, seconds per edit on each server
+    (medians over the rounds), ours against each, and how many edited files were exactly the edit asked for."""
+    report = load(source)
+    servers = list(dict.fromkeys(row["server"] for row in report["summary"]))
+    lines = ["| edit | " + " | ".join("llama-server plain" if s == "llama-server" else s for s in servers) + " | ours / fastest peer | exactly as asked | same file as llama-server plain's |",
+             "|" + "---|" * (len(servers) + 4)]
+    for edit in dict.fromkeys(row["edit"] for row in report["summary"]):
+        rows = {row["server"]: row for row in report["summary"] if row["edit"] == edit}
+        fastest = min((s for s in servers if s != "ours"), key=lambda s: rows[s]["median_s"])
+        cells = [f"{rows[s]['median_s']:.1f} s" for s in servers]
+        asked = ", ".join(f"{rows[s]['as_asked']}/{rows[s]['runs']}" for s in servers)
+        same = ", ".join("yes" if rows[s]["same_text_as_llama_server_plain"] else "no" for s in servers)
+        lines.append(f"| {edit} | " + " | ".join(cells) + f" | {_x(rows[fastest]['median_s'] / rows['ours']['median_s'])}"
+                     f" ({_mode(fastest)}) | {asked} | {same} |")
+    return "\n".join(lines)
+
+
+def aider_row(source: str) -> Row:
+    """aider's two whole-file edits: our seconds for both against the fastest llama-server mode's on each."""
+    summary = load(source)["summary"]
+    edits = list(dict.fromkeys(row["edit"] for row in summary))
+    ours = sum(row["median_s"] for row in summary if row["server"] == "ours")
+    best = sum(min(row["median_s"] for row in summary if row["edit"] == e and row["server"] != "ours") for e in edits)
+    return Row(EPYC, f"aider: {len(edits)} whole-file edits of bisect.py", "`specdecode serve` defaults",
+               "llama-server's fastest mode per edit", ours, best, "s",
+               "2026-12-04", "`python scripts/aider_edit_check.py --aider PATH --rounds 2`", source)
 
 
 def summary_table(dated: bool = True) -> str:
@@ -305,8 +361,16 @@ def plot_peer_matrix(path: Path) -> None:
     plot_matrix(load(MATRIX_XEON), str(path), XEON + ", llama.cpp 2 threads, Qwen2.5-Coder-1.5B Q4_K_M, 2026-12-03")
 
 
+def plot_peer_matrix_epyc(path: Path) -> None:
+    from specdecode.bench.peer_matrix import plot_matrix
+
+    source, hardware, _, measured = MATRIX_RUNS[1]
+    plot_matrix(load(source), str(path), f"{hardware}, llama.cpp 2 threads, Qwen2.5-Coder-1.5B Q4_K_M, {measured}")
+
+
 FIGURES: dict[str, Callable[[Path], None]] = {
     "results-peer-matrix.png": plot_peer_matrix,
+    "results-peer-matrix-epyc.png": plot_peer_matrix_epyc,
     "results-summary.png": plot_summary,
     "results-cpu-tokens.png": plot_cpu_tokens,
     "results-agent.png": plot_agent,
@@ -322,11 +386,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", action="store_true", help="print the summary table and make no figure")
     parser.add_argument("--undated", action="store_true", help="with --table: the README's table, without dates")
+    parser.add_argument("--matrix", metavar="FILE", help="print the table of a matrix run (a file of docs/results/)")
+    parser.add_argument("--aider", metavar="FILE", help="print the table of an aider run (a file of docs/results/)")
     parser.add_argument("--out", type=Path, default=IMG, help="the folder the figures go to (default docs/img)")
     parser.add_argument("--only", nargs="*", choices=sorted(FIGURES), help="only these figures")
     args = parser.parse_args()
-    if args.table:
-        print(summary_table(dated=not args.undated))
+    if args.table or args.matrix or args.aider:
+        print(matrix_table(args.matrix) if args.matrix else aider_table(args.aider) if args.aider
+              else summary_table(dated=not args.undated))
         return
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only or FIGURES:

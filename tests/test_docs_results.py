@@ -27,6 +27,18 @@ def test_the_summary_tables_are_the_scripts():
     assert script.summary_table(dated=False) in readme, "README.md: run python scripts/plot_results.py --table --undated"
 
 
+def test_the_matrix_tables_are_the_scripts():
+    script = plot_results()
+    results = (ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8")
+    assert {source for source, *_ in script.MATRIX_RUNS} <= set(script.MATRIX_TABLES)
+    for source in script.MATRIX_TABLES:
+        assert script.matrix_table(source) in results, f"docs/RESULTS.md: python scripts/plot_results.py --matrix {source}"
+        assert f"(results/{source})" in results, f"docs/RESULTS.md does not link {source}"
+    for source in script.AIDER_TABLES:
+        assert script.aider_table(source) in results, f"docs/RESULTS.md: python scripts/plot_results.py --aider {source}"
+        assert f"(results/{source})" in results, f"docs/RESULTS.md does not link {source}"
+
+
 def test_every_row_names_its_source_hardware_peer_and_command():
     for row in plot_results().summary_rows():
         assert (ROOT / "docs" / "results" / row.source).is_file(), row.source
