@@ -31,8 +31,10 @@ MATRIX_XEON = "peer-matrix-xeon.json"  # `specdecode bench serve --workload matr
 # The matrix runs whose tables the results page shows (each file's table is `--matrix FILE`'s)
 MATRIX_TABLES = (MATRIX_XEON, "peer-matrix-amd-epyc-avx512-1.json", "peer-matrix-amd-epyc-avx512-2.json")
 AIDER_TABLES = ("aider-edits-amd-epyc-avx512.json",)  # scripts/aider_edit_check.py's runs the results page shows
-# The summary's matrix runs, one per CPU: (file, hardware, max_tokens, date); their tables are the results page's.
-MATRIX_RUNS = ((MATRIX_XEON, XEON, 256, "2026-12-03"), ("peer-matrix-amd-epyc-avx512-2.json", EPYC, 256, "2026-12-04"))
+# The summary's matrix runs per CPU: (files, hardware, max_tokens, date), each file a run on fresh servers; a row
+# gives the medians over the files of our rate and of the best peer's. Their tables are the results page's.
+MATRIX_RUNS = (((MATRIX_XEON,), XEON, 256, "2026-12-03"),
+               (("peer-matrix-amd-epyc-avx512-1.json", "peer-matrix-amd-epyc-avx512-2.json"), EPYC, 256, "2026-12-04"))
 H200 = "NVIDIA H200"
 OURS, PEER, OURS_PLAIN = "#2a7ab9", "#9a9a9a", "#8fc1e3"
 
@@ -55,6 +57,7 @@ class Row:
     date: str
     command: str
     source: str  # the docs/results file
+    also: tuple[str, ...] = ()  # further files of the same figure (other runs its medians are over)
 
     @property
     def speedup(self) -> float:
@@ -117,17 +120,24 @@ MATRIX_COMMAND = ("`specdecode bench serve --workload matrix --url URL --llama-s
 def matrix_rows() -> list[Row]:
     """The matrix's rename edit and novel code on each CPU: ours against the best llama-server mode (plain included)."""
     rows = []
-    for source, hardware, tokens, measured in MATRIX_RUNS:
-        summary = {row["workload"]: row for row in load(source)["summary"]}
+    for sources, hardware, tokens, measured in MATRIX_RUNS:
+        runs = [{row["workload"]: row for row in load(source)["summary"]} for source in sources]
         for workload, label in (("edit: rename", f"whole-file rename (bisect.py), {tokens} tokens"),
                                 ("novel code", f"novel code (chat), {tokens} tokens")):
-            row = summary[workload]
-            best = row["best_mode"] if row["best_mode_tok_s"] == row["best_peer_tok_s"] else "llama-server"
-            peer = "llama-server plain" if best == "llama-server" else f"llama-server `--spec-type {best[13:]}`"
+            modes = sorted({_best_mode(run[workload]) for run in runs})
+            peer = ", ".join("llama-server plain" if m == "plain" else f"llama-server `--spec-type {m}`" for m in modes)
+            label += f", median of {len(runs)} runs" if len(runs) > 1 else ""
             rows.append(Row(hardware, label, "`specdecode serve` defaults", f"{peer} (best of 6)",
-                            row["ours"], row["best_peer_tok_s"], "tok/s", measured,
-                            MATRIX_COMMAND.replace("--max-tokens 128", f"--max-tokens {tokens}"), source))
+                            statistics.median(run[workload]["ours"] for run in runs),
+                            statistics.median(run[workload]["best_peer_tok_s"] for run in runs), "tok/s", measured,
+                            MATRIX_COMMAND.replace("--max-tokens 128", f"--max-tokens {tokens}"), sources[0],
+                            sources[1:]))
     return rows
+
+
+def _best_mode(row: dict) -> str:
+    """The llama-server mode of a matrix row's best peer figure: a --spec-type, or plain."""
+    return _mode(row["best_mode"]) if row["best_mode_tok_s"] == row["best_peer_tok_s"] else "plain"
 
 
 def _x(ratio: float) -> str:
@@ -145,10 +155,10 @@ def matrix_table(source: str) -> str:
                "answer time: fastest peer / ours"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in load(source)["summary"]:
-        best = _mode(row["best_mode"]) if row["best_mode_tok_s"] == row["best_peer_tok_s"] else "plain"
         lines.append(f"| {row['workload']} | {row['ours']:.1f} | {row['plain']:.1f} | {row['best_peer_tok_s']:.1f} "
-                     f"({best}) | {row['vs_plain']:.2f}× | {_x(row['vs_best'])} | {row['fastest_peer_s']:.1f} s vs "
-                     f"{row['ours_s']:.1f} s ({_mode(row['fastest_peer'])}): {_x(row['time_vs_fastest'])} |")
+                     f"({_best_mode(row)}) | {row['vs_plain']:.2f}× | {_x(row['vs_best'])} | "
+                     f"{row['fastest_peer_s']:.1f} s vs {row['ours_s']:.1f} s ({_mode(row['fastest_peer'])}): "
+                     f"{_x(row['time_vs_fastest'])} |")
     return "\n".join(lines)
 
 
@@ -157,7 +167,9 @@ def aider_table(source: str) -> str:
     (medians over the rounds), ours against each, and how many edited files were exactly the edit asked for."""
     report = load(source)
     servers = list(dict.fromkeys(row["server"] for row in report["summary"]))
-    lines = ["| edit | " + " | ".join("llama-server plain" if s == "llama-server" else s for s in servers) + " | ours / fastest peer | exactly as asked | same file as llama-server plain's |",
+    names = ["llama-server plain" if s == "llama-server" else s for s in servers]
+    lines = ["| edit | " + " | ".join(names) + " | ours / fastest peer | exactly as asked | same file as llama-server "
+             "plain's |",
              "|" + "---|" * (len(servers) + 4)]
     for edit in dict.fromkeys(row["edit"] for row in report["summary"]):
         rows = {row["server"]: row for row in report["summary"] if row["edit"] == edit}
@@ -165,8 +177,8 @@ def aider_table(source: str) -> str:
         cells = [f"{rows[s]['median_s']:.1f} s" for s in servers]
         asked = ", ".join(f"{rows[s]['as_asked']}/{rows[s]['runs']}" for s in servers)
         same = ", ".join("yes" if rows[s]["same_text_as_llama_server_plain"] else "no" for s in servers)
-        lines.append(f"| {edit} | " + " | ".join(cells) + f" | {_x(rows[fastest]['median_s'] / rows['ours']['median_s'])}"
-                     f" ({_mode(fastest)}) | {asked} | {same} |")
+        speedup = rows[fastest]["median_s"] / rows["ours"]["median_s"]
+        lines.append(f"| {edit} | " + " | ".join(cells) + f" | {_x(speedup)} ({_mode(fastest)}) | {asked} | {same} |")
     return "\n".join(lines)
 
 
@@ -364,8 +376,8 @@ def plot_peer_matrix(path: Path) -> None:
 def plot_peer_matrix_epyc(path: Path) -> None:
     from specdecode.bench.peer_matrix import plot_matrix
 
-    source, hardware, _, measured = MATRIX_RUNS[1]
-    plot_matrix(load(source), str(path), f"{hardware}, llama.cpp 2 threads, Qwen2.5-Coder-1.5B Q4_K_M, {measured}")
+    sources, hardware, _, measured = MATRIX_RUNS[1]
+    plot_matrix(load(sources[-1]), str(path), f"{hardware}, llama.cpp 2 threads, Qwen2.5-Coder-1.5B Q4_K_M, {measured}")
 
 
 FIGURES: dict[str, Callable[[Path], None]] = {
