@@ -29,12 +29,13 @@ EPYC = "2-vCPU AMD EPYC (AVX-512)"
 XEON = "2-vCPU Intel Xeon (AVX-512)"
 MATRIX_XEON = "peer-matrix-xeon.json"  # `specdecode bench serve --workload matrix`, 256 tokens an answer
 # The matrix runs whose tables the results page shows (each file's table is `--matrix FILE`'s)
-MATRIX_TABLES = (MATRIX_XEON, "peer-matrix-amd-epyc-avx512-1.json", "peer-matrix-amd-epyc-avx512-2.json")
+EPYC_MATRIX = tuple(f"peer-matrix-amd-epyc-avx512-{run}.json" for run in (1, 2, 3))
+MATRIX_TABLES = (MATRIX_XEON, *EPYC_MATRIX)
 AIDER_TABLES = ("aider-edits-amd-epyc-avx512.json",)  # scripts/aider_edit_check.py's runs the results page shows
 # The summary's matrix runs per CPU: (files, hardware, max_tokens, date), each file a run on fresh servers; a row
 # gives the medians over the files of our rate and of the best peer's. Their tables are the results page's.
 MATRIX_RUNS = (((MATRIX_XEON,), XEON, 256, "2026-12-03"),
-               (("peer-matrix-amd-epyc-avx512-1.json", "peer-matrix-amd-epyc-avx512-2.json"), EPYC, 256, "2026-12-04"))
+               (EPYC_MATRIX, EPYC, 256, "2026-12-04"))
 H200 = "NVIDIA H200"
 OURS, PEER, OURS_PLAIN = "#2a7ab9", "#9a9a9a", "#8fc1e3"
 
@@ -125,7 +126,8 @@ def matrix_rows() -> list[Row]:
         for workload, label in (("edit: rename", f"whole-file rename (bisect.py), {tokens} tokens"),
                                 ("novel code", f"novel code (chat), {tokens} tokens")):
             modes = sorted({_best_mode(run[workload]) for run in runs})
-            peer = ", ".join("llama-server plain" if m == "plain" else f"llama-server `--spec-type {m}`" for m in modes)
+            peer = "llama-server " + " / ".join(m if m == "plain" else f"`--spec-type {m}`" for m in modes[:1]) \
+                + "".join(f" / `{m}`" for m in modes[1:])
             label += f", median of {len(runs)} runs" if len(runs) > 1 else ""
             rows.append(Row(hardware, label, "`specdecode serve` defaults", f"{peer} (best of 6)",
                             statistics.median(run[workload]["ours"] for run in runs),
