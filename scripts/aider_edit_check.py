@@ -26,7 +26,6 @@ import contextlib
 import inspect
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -35,27 +34,15 @@ import time
 from pathlib import Path
 
 from specdecode.cli.bench_serve_matrix import cpu_name
-from specdecode.bench.llama_server import LlamaServer, ServerProcess, find_binary
+from specdecode.bench.llama_server import LlamaServer, find_binary
 from specdecode.bench.llamacpp_peers import gguf_file
 from specdecode.bench.peer_matrix import wait_quiet
+from specdecode.bench.soak_server import SoakServer
 
 EDITS = {
     "rename": "Rename the function `insort_right` to `insert_right` everywhere in bisect.py.",
     "type hints": "Add type hints to every function signature in bisect.py.",
 }
-
-
-class OurServer(ServerProcess):
-    name = "specdecode serve"
-
-    def __init__(self, serve_args: list[str]):
-        super().__init__()
-        self.serve_args = serve_args
-
-    @property
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "specdecode", "serve", *self.serve_args, "--host", "127.0.0.1", "--port",
-                str(self.port)]
 
 
 def original() -> str:
@@ -142,7 +129,7 @@ def main() -> None:
     runs = {(e, s): [] for e in edits for s in names}
     for r in range(args.rounds):
         with contextlib.ExitStack() as stack:
-            servers = {"ours": stack.enter_context(OurServer(shlex.split(args.serve_args))).url}
+            servers = {"ours": stack.enter_context(SoakServer(args.serve_args)).url}
             for mode in args.modes.split(","):
                 extra = () if mode == "plain" else ("--spec-type", mode)
                 name = "llama-server" if mode == "plain" else f"llama-server {mode}"

@@ -126,8 +126,9 @@ def matrix_rows() -> list[Row]:
         for workload, label in (("edit: rename", f"whole-file rename (bisect.py), {tokens} tokens"),
                                 ("novel code", f"novel code (chat), {tokens} tokens")):
             modes = sorted({_best_mode(run[workload]) for run in runs})
-            peer = "llama-server " + " / ".join(m if m == "plain" else f"`--spec-type {m}`" for m in modes[:1]) \
-                + "".join(f" / `{m}`" for m in modes[1:])
+            spec = [m for m in modes if m != "plain"]
+            named = [f"`--spec-type {m}`" if i == 0 else f"`{m}`" for i, m in enumerate(spec)]
+            peer = "llama-server " + " / ".join(named + ["plain"] * ("plain" in modes))
             label += f", median of {len(runs)} runs" if len(runs) > 1 else ""
             rows.append(Row(hardware, label, "`specdecode serve` defaults", f"{peer} (best of 6)",
                             statistics.median(run[workload]["ours"] for run in runs),

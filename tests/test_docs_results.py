@@ -42,6 +42,8 @@ def test_the_matrix_tables_are_the_scripts():
 def test_every_row_names_its_source_hardware_peer_and_command():
     for row in plot_results().summary_rows():
         assert (ROOT / "docs" / "results" / row.source).is_file(), row.source
+        for source in row.also:
+            assert (ROOT / "docs" / "results" / source).is_file(), source
         assert row.hardware and row.peer and row.command.startswith("`") and row.date
         assert row.speedup > 0
 
