@@ -107,3 +107,74 @@ def test_logprobs_and_samples_still_read_the_logits(tiny_gguf, monkeypatch):
         _without_fast_path(m)
         again = generator.generate(PROMPTS[:1], max_new_tokens=8, temperature=1.0, seed=3, ignore_eos=True)
     assert sampled.token_ids == again.token_ids
+
+
+# ---------------------------------------------------------------------------------------------- grammar rows
+def test_a_masks_argmax_is_greedy_of_the_masked_scores():
+    """TokenMask.argmax_of against greedy(scores + bias()): masks that allow the top token and masks that refuse it,
+    ties included (the first of equal maxima wins in both)."""
+    from specdecode.structured.constraints import TokenMask
+
+    rng = np.random.default_rng(0)
+    width = 301
+    for trial in range(200):
+        scores = rng.standard_normal(width).astype(np.float32)
+        if trial % 3 == 0:
+            scores[rng.integers(0, width, 5)] = scores.max()  # ties at the top
+        allowed = rng.random(width) < (0.02 if trial % 2 else 0.5)
+        allowed[rng.integers(0, width)] = True
+        mask = TokenMask(np.packbits(allowed, bitorder="little"), width - trial % 7, width)
+        expected = greedy(torch.from_numpy(scores)[None] + mask.bias()[None]).item()
+        assert mask.argmax_of(scores) == expected
+
+
+def test_forward_argmax_with_masks_is_greedy_of_the_masked_logits(tiny_gguf):
+    from specdecode.structured.constraints import TokenMask
+
+    backend = LlamaCppBackend(tiny_gguf, n_ctx=64, n_threads=1, max_rows=3)
+    backend.reset(3)
+    backend.forward(torch.tensor(PROMPTS), last_only=True)
+    start = backend.lengths
+    new = torch.randint(0, backend.vocab_size, (3, 4), generator=torch.Generator().manual_seed(1))
+    logits = backend.forward(new)
+    backend.trim(start)
+    rng = np.random.default_rng(2)
+    width = backend.vocab_size
+    allowed = [[TokenMask(np.packbits(rng.random(width) < 0.1, bitorder="little"), width, width) for _ in range(4)],
+               [None, None],  # a free row; positions past a row's list are free too
+               [None, TokenMask(np.packbits(np.arange(width) == 7, bitorder="little"), width, width)]]
+    bias = torch.zeros(3, 4, width)
+    for b, row in enumerate(allowed):
+        for j, mask in enumerate(row):
+            if mask is not None:
+                bias[b, j] = mask.bias()
+    tokens = backend.forward_argmax(new.numpy(), allowed=allowed)
+    assert tokens.tolist() == greedy(logits + bias).tolist()
+    assert tokens[2, 1] == 7
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_a_grammar_rows_greedy_output_is_the_same_with_and_without_the_fast_path(tiny_gguf, monkeypatch, k):
+    """Constrained greedy rows take forward_argmax with their masks (no [B, K + 1, V] bias built), and give what the
+    logits path gives, beside a free row."""
+    from specdecode.pairing.loading import load_model
+
+    loaded = load_model(str(tiny_gguf), backend="llamacpp", threads=1, max_rows=3)
+    target = loaded.model
+    generator = AutoregressiveGenerator(target, tokenizer=loaded.tokenizer) if k == 0 else SpeculativeGenerator(
+        target, PromptLookupDrafter(), num_speculative_tokens=k, tokenizer=loaded.tokenizer)
+    own, masked = target.forward_argmax, []
+
+    def counted(input_ids, allowed=None):
+        masked.append(allowed is not None)
+        return own(input_ids, allowed=allowed)
+
+    monkeypatch.setattr(target, "forward_argmax", counted)
+    regex = ["(t|th| t| th|a|b){3,20}", "[a-c ]{4,30}", None]
+    fast = generator.generate(PROMPTS, max_new_tokens=16, temperature=0.0, regex=regex)
+    assert any(masked)  # the constrained steps took the fast path
+    with monkeypatch.context() as m:
+        _without_fast_path(m)
+        slow = generator.generate(PROMPTS, max_new_tokens=16, temperature=0.0, regex=regex)
+    assert fast.token_ids == slow.token_ids
+    assert fast.stats.accepted_tokens == slow.stats.accepted_tokens

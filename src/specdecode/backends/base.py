@@ -103,6 +103,7 @@ class Capabilities:
     trees: bool = False  # TokenTrees on this instance (forward_tree, keep_paths): a step may verify token trees
     tree_leaves: int | None = None  # the most leaves a row's tree may have whatever the other rows' trees; None: any
     forward_argmax: Callable | None = None  # ids -> argmax per new position, no logits handed over (argmax_forward)
+    argmax_masks: bool = False  # forward_argmax(ids, allowed) takes each position's grammar mask (argmax_takes_masks)
     single_token_from: int | None = None  # from this position a forward holds one token per row: no draft pays there
     prefill_tile: int | None = None  # its forwards' numbers depend on their size: a prefill ends at a multiple of it
     cold_forwards: Callable[[], int] | None = None  # its count of forwards far slower than steady (cold_forwards)
@@ -117,7 +118,7 @@ def capabilities(backend) -> Capabilities:
     counted = hasattr(backend, "cold_forwards")
     return Capabilities(max_rows=max_rows(backend), prefix_caching=caches_prefixes(backend),
                         trees=verifies_trees(backend), tree_leaves=tree_leaves(backend),
-                        forward_argmax=argmax_forward(backend),
+                        forward_argmax=argmax_forward(backend), argmax_masks=argmax_takes_masks(backend),
                         single_token_from=getattr(backend, "single_token_from", None),
                         prefill_tile=getattr(backend, "prefill_tile", None),
                         cold_forwards=(lambda: backend.cold_forwards) if counted else None)
@@ -177,6 +178,18 @@ def argmax_forward(backend):
     greedy(forward(input_ids)) gives it, without handing the logits over (llama.cpp); a tensor for a tensor, a numpy
     array for an array (what the loop passes: no tensor built on its greedy path). None for a backend without one."""
     return getattr(backend, "forward_argmax", None)
+
+
+def argmax_takes_masks(backend) -> bool:
+    """Whether the backend's forward_argmax takes `allowed`: per row and position a grammar's TokenMask, whose argmax
+    it returns (greedy(forward(ids) + the masks' bias), the constrained greedy token)."""
+    import inspect
+
+    method = argmax_forward(backend)
+    try:
+        return method is not None and "allowed" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def logits_and_hidden(backend, ids, valid, hidden_wanted: bool, last_only: bool = False):

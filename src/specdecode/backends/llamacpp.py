@@ -175,19 +175,28 @@ class LlamaCppBackend:
         self._run(input_ids, valid, last_only, output_hidden, take, flat_logits)
         return (logits, hidden) if output_hidden else logits
 
-    def forward_argmax(self, input_ids):
+    def forward_argmax(self, input_ids, allowed=None):
         """The argmax [B, n] of each position's logits that forward(input_ids) would return, read straight off
         llama.cpp's output buffer, as the kind it was given: a tensor for a tensor (long), a numpy array for an array
         or lists (int64). A greedy step needs neither the logits nor a tensor: copying 152k floats a position into
         torch and reducing them there cost ~0.2 ms a step, and each tensor built right after a forward ~20-40 us.
-        Same index as greedy(forward(input_ids))."""
+        Same index as greedy(forward(input_ids)). allowed[b][j]: a grammar's TokenMask for row b's position j (None,
+        or past the row's list: every token), whose argmax is taken of the logits it allows (TokenMask.argmax_of),
+        the index greedy(forward(input_ids) + its bias) gives; a JSON row's step then builds no [V] mask either."""
         tensor = isinstance(input_ids, torch.Tensor)
         ids = input_ids if tensor else np.asarray(input_ids, dtype=np.int64)
         rows_n, width = ids.shape
         tokens = np.zeros(rows_n * width, dtype=np.int64)
 
         def take(where, rows):
-            tokens[where] = np.argmax(rows[:, : self.vocab_size], axis=-1)
+            if allowed is None:
+                tokens[where] = np.argmax(rows[:, : self.vocab_size], axis=-1)
+                return
+            for i, flat in enumerate(where.tolist()):
+                b, j = divmod(flat, width)
+                mask = allowed[b][j] if j < len(allowed[b]) else None
+                scores = rows[i, : self.vocab_size]
+                tokens[flat] = np.argmax(scores) if mask is None else mask.argmax_of(scores)
 
         self._run(ids, None, False, False, take, None)
         tokens = tokens.reshape(rows_n, width)
@@ -439,13 +448,22 @@ def load(source, options):
             contextlib.nullcontext(PreparedGguf(path, pool.submit(gguf_tokenizer_dir, path))) if path.is_file()
             else preparing_gguf(name, options.progress)) as prepared:
         tokenizer = pool.submit(_tokenizer, prepared)  # after gguf_tokenizer_dir: one worker takes them in turn
-        model = LlamaCppBackend(prepared.path, name=name, **keywords)
+        run = prepared.path
+        if options.lean_gguf:
+            from ..models.lean_gguf import lean_gguf
+
+            run = lean_gguf(prepared.path, keywords.get("n_threads"), _reporter(options.progress))
+        model = LlamaCppBackend(run, name=name, **keywords)
         tokenizer = tokenizer.result()
     if tokenizer is not None and len(tokenizer) < model.n_vocab:
         # An embedding padded past the tokenizer: logits of ids that no text can produce are dropped, as the
         # generators do for transformers models.
         model.vocab_size = len(tokenizer)
     return LoadedModel(model, tokenizer, name, str(prepared.path), backend="llamacpp")
+
+
+def _reporter(progress):
+    return progress if callable(progress) else None
 
 
 def _tokenizer(prepared):

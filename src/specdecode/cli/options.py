@@ -70,8 +70,9 @@ def _model_declarations(k_default: str, k_list: bool, draft_default: str = DEFAU
                                            "none. Changes the target's numerics.")),
         "draft_quantize": (Optional[str], option("auto", "--draft-quantize", help="Quantize only the DRAFT: int8, "
                                                  "int4, none, or auto (int8 on CPU, where it makes drafting several "
-                                                 "times cheaper). Only q changes, so the output keeps exactly the "
-                                                 "target's distribution.")),
+                                                 "times cheaper; a GGUF draft on llama.cpp: a copy with its heavier "
+                                                 "matrices in Q4_0, made once, where it drafts faster). Only q "
+                                                 "changes, so the output keeps exactly the target's distribution.")),
         "prepack": (bool, option(True, "--prepack/--no-prepack", help="On the CPU, prepack the target's fp32 "
                                  "Linear weights (oneDNN blocked layout): verifying K+1 tokens then costs about one "
                                  "decode step. Same function up to fp32 rounding; used for plain decoding too.")),

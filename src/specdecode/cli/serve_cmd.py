@@ -47,6 +47,11 @@ def serve(
                                         "is JSON (tools, a json response_format): the suffix draft's history takes "
                                         "the tool and user messages' texts as JSON escapes them, so a call that "
                                         "writes a file it read copies it (exact: drafts only)."),
+    json_layout: str = typer.Option("compact", "--json-layout", help="A response_format's JSON: compact (no "
+                                    "whitespace between tokens: fewest tokens, most of them forced) or model (laid "
+                                    "out as the model writes it, e.g. indented, at most one newline and 24 spaces "
+                                    "between two tokens), which keeps a model trained on indented JSON on the "
+                                    "answer it would give. A schema's own \"x-guidance\" layout wins."),
     strict_tool_calls: bool = typer.Option(False, "--strict-tool-calls", help="Tool calls only in the chat "
                                            "template's own form (e.g. <tool_call> blocks): not the fenced or bare "
                                            "JSON that small models write at the start of an answer instead."),
@@ -116,7 +121,8 @@ def serve(
                                   prefix_cache_tokens=prefix_cache_tokens, prefix_cache_rows=prefix_cache_rows,
                                   grammar_cache_entries=grammar_cache,
                                   answer_kv=answer_kv,
-                                  escaped_copies=escaped_copies, strict_tool_calls=strict_tool_calls,
+                                  escaped_copies=escaped_copies, json_layout=json_layout,
+                                  strict_tool_calls=strict_tool_calls,
                                   max_tool_calls=max_tool_calls,
                                   malloc_mmap_threshold_kib=malloc_mmap_threshold)
         fix_mmap_threshold(settings.malloc_mmap_threshold_kib)  # before loading allocates

@@ -61,10 +61,13 @@ class Drafts:
     tokens: torch.Tensor  # [B, K'] the drafter's tokens with each forced row's run in place; row b's first widths[b]
     q: torch.Tensor | None  # [S, K', V] the sampled rows' draft distributions; None: deterministic drafts (one-hot)
     parents: list[list[int]] | None  # [B][K'] a token tree per row (token_tree.py); None: chains
-    masks: torch.Tensor | None  # [B, K'+1, V] float32 additive grammar masks; None: no row constrained
+    masks: torch.Tensor | None  # [B, K'+1, V] float32 additive grammar masks; None: no row constrained, or mask_rows
     widths: list[int]  # [B] the plan's widths, cut before the first token a row's grammar forbids
     proposal: Proposal  # the drafter's own, for its costs (catch_up_s, clean, free); empty when it was not asked
     asked: bool  # whether the drafter proposed this step (it observes its proposal)
+    # [B][K'+1] the grammar masks as TokenMasks, in place of `masks`, for a greedy verification that reads each
+    # position's argmax only (forward_argmax with allowed=: no [B, K'+1, V] tensor is built)
+    mask_rows: list | None = None
 
 
 class DecodingSession:
@@ -280,14 +283,16 @@ class DecodingSession:
         grammar masks along it (free batches skip them: drafts.tolist() would be a host sync before the forward)."""
         proposal = self._ask_drafter(plan)
         tokens, q = with_forced(proposal, plan.forced, self.sampling)
-        masks, widths = None, plan.widths
+        masks, rows, widths = None, None, plan.widths
         if self.batch.grammars.any:
-            masks, widths = self.batch.grammars.verify_masks(tokens.tolist(), widths)
+            rows, widths = self.batch.grammars.verify_mask_rows(tokens.tolist(), widths)
             width = max(widths, default=0)
             if width < tokens.shape[1]:  # the grammar cut every row short: no forward over drafts none can keep
-                tokens, masks = tokens[:, :width], masks[:, :width + 1]
+                tokens, rows = tokens[:, :width], [row[:width + 1] for row in rows]
                 q = None if q is None else q[:, :width]
-        return Drafts(tokens, q, proposal.parents, masks, widths, proposal, max(plan.k_rows) > 0)
+            if not (self.capabilities.argmax_masks and proposal.parents is None and self._reads_argmax_only()):
+                masks, rows = self.batch.grammars.stack(rows), None
+        return Drafts(tokens, q, proposal.parents, masks, widths, proposal, max(plan.k_rows) > 0, rows)
 
     def _ask_drafter(self, plan: StepPlan) -> Proposal:
         """The drafter's Proposal for the plan's choice (an empty one where no row drafts: it is not asked)."""
@@ -311,16 +316,18 @@ class DecodingSession:
             lengths = self.target.lengths
             tokens = drafts.tokens.tolist() if drafts.tokens.shape[1] else [[] for _ in self.active]
             ids = np.array([[r.tokens[-1], *t] for r, t in zip(self.active, tokens)], dtype=np.int64)
-            accepted, next_tokens = accept_greedy_lists(tokens, argmax(ids).tolist(), drafts.widths)
+            best = argmax(ids) if drafts.mask_rows is None else argmax(ids, allowed=drafts.mask_rows)
+            accepted, next_tokens = accept_greedy_lists(tokens, best.tolist(), drafts.widths)
             return Verified(tokens, accepted, next_tokens, None,
                             kept_lengths=[n + 1 + a for n, a in zip(lengths, accepted)])
+        masks = drafts.masks if drafts.mask_rows is None else self.batch.grammars.stack(drafts.mask_rows)
         last = torch.tensor([[r.tokens[-1]] for r in self.active], dtype=torch.long, device=self.device)
         ids, sampling = torch.cat([last, drafts.tokens], dim=1) if drafts.tokens.shape[1] else last, self.sampling
         if drafts.parents is None:
             lengths = self.target.lengths
             logits, hidden = logits_and_hidden(self.target, ids, None, self.hidden_wanted)
             # each position's logit_bias and penalties see the kept text and the drafts before it
-            scores = sampling.scores(logits, drafts.masks, self.batch.penalties.along_chain(drafts.tokens))
+            scores = sampling.scores(logits, masks, self.batch.penalties.along_chain(drafts.tokens))
             noise = None if plan.noise is None else plan.noise[:, : ids.shape[1]]  # the positions verified
             num_accepted, next_token = verify_rows(drafts.tokens, drafts.q, scores, sampling, plan.u_verify,
                                                    drafts.widths, self.gen.method, noise)
@@ -328,7 +335,7 @@ class DecodingSession:
             # Row b's cache took its last token and all the drafts: it keeps the last token and the accepted ones.
             return Verified(drafts.tokens.tolist(), accepted, next_token.tolist(), scores, hidden=hidden,
                             kept_lengths=[n + 1 + a for n, a in zip(lengths, accepted)])
-        scores = sampling.scores(self.target.forward_tree(ids, drafts.parents), drafts.masks,
+        scores = sampling.scores(self.target.forward_tree(ids, drafts.parents), masks,
                                  self.batch.penalties.along_tree(drafts.tokens, drafts.parents))  # node: ancestors
         tokens = drafts.tokens.tolist()
         paths, next_tokens = verify_tree_rows(tokens, drafts.parents, scores, sampling, plan.u_verify, drafts.widths,
@@ -338,9 +345,12 @@ class DecodingSession:
 
     def _argmax_only(self, drafts: Drafts) -> bool:
         """Whether the step's verification reads nothing of the target but its argmax at each position: greedy
-        rows, no grammar, no logit_bias or penalty, no log-probabilities asked, no hidden states for the drafter."""
-        return self.sampling.all_greedy and drafts.masks is None and not self.hidden_wanted and \
-            not self.batch.penalties.active and \
+        rows, no grammar mask to add (none, or only as TokenMasks for forward_argmax), no logit_bias or penalty, no
+        log-probabilities asked, no hidden states for the drafter."""
+        return drafts.masks is None and self._reads_argmax_only()
+
+    def _reads_argmax_only(self) -> bool:
+        return self.sampling.all_greedy and not self.hidden_wanted and not self.batch.penalties.active and \
             all(r.request.logprobs is None for r in self.active)
 
     def _commit(self, plan: StepPlan, drafts: Drafts, verified: Verified) -> None:

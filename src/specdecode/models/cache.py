@@ -16,12 +16,16 @@ from . import catalog
 
 
 def cache_paths(name: str) -> list[Path]:
-    """Every place the cache may hold files of a built-in model, whether they exist or not.
+    """Every place the cache may hold files of a built-in model, whether they exist or not (and the lean copies of
+    its GGUF that exist: models/lean_gguf.py).
 
     Raises UnknownModelError for a name that is not a built-in model.
     """
+    from .lean_gguf import lean_copies
+
     gguf = catalog.gguf_cache_path(name)
-    return [catalog.model_path(name), gguf, gguf.with_name(gguf.name + ".json"), catalog.tokenizer_path(name)]
+    return [catalog.model_path(name), gguf, gguf.with_name(gguf.name + ".json"), catalog.tokenizer_path(name),
+            *lean_copies(gguf)]
 
 
 def path_size(path: Path) -> int:

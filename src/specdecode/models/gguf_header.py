@@ -36,29 +36,62 @@ def gguf_architecture(path: Path) -> str | None:
     there), or None when the file is not such a GGUF or has none."""
     try:
         with open(path, "rb") as f:
-            magic, version, _tensors, count = struct.unpack("<4sIQQ", f.read(24))
-            if magic != b"GGUF" or version not in (2, 3):
-                return None
+            count = _header(f)[1]
             for _ in range(count):
                 key = f.read(struct.unpack("<Q", f.read(8))[0])
                 (kind,) = struct.unpack("<I", f.read(4))
-                if kind == 8:
-                    value = f.read(struct.unpack("<Q", f.read(8))[0])
-                    if key == b"general.architecture":
-                        return value.decode("utf-8")
-                elif kind in _GGUF_SCALARS:
-                    f.seek(_GGUF_SCALARS[kind], os.SEEK_CUR)
-                elif kind == 9:
-                    item, n = struct.unpack("<IQ", f.read(12))
-                    if item in _GGUF_SCALARS:
-                        f.seek(n * _GGUF_SCALARS[item], os.SEEK_CUR)
-                    elif item == 8:
-                        for _ in range(n):
-                            f.seek(struct.unpack("<Q", f.read(8))[0], os.SEEK_CUR)
-                    else:
-                        return None
-                else:
-                    return None
-    except (OSError, struct.error, UnicodeDecodeError):
+                if kind == 8 and key == b"general.architecture":
+                    return f.read(struct.unpack("<Q", f.read(8))[0]).decode("utf-8")
+                _skip(f, kind)
+    except (OSError, struct.error, UnicodeDecodeError, ValueError):
         return None
     return None
+
+
+def gguf_tensors(path: Path) -> list[tuple[str, tuple[int, ...], int]] | None:
+    """Each tensor's (name, dims with the row length first, ggml type id) from a GGUF file's header, read past the
+    metadata without building it (gguf-py's reader takes ~6 s of a 2-core CPU on a 152k-token vocabulary), or
+    None when the file is not a GGUF v2/v3."""
+    try:
+        with open(path, "rb") as f:
+            tensors, count = _header(f)
+            for _ in range(count):
+                f.seek(struct.unpack("<Q", f.read(8))[0], os.SEEK_CUR)
+                _skip(f, struct.unpack("<I", f.read(4))[0])
+            found = []
+            for _ in range(tensors):
+                name = f.read(struct.unpack("<Q", f.read(8))[0]).decode("utf-8")
+                (n_dims,) = struct.unpack("<I", f.read(4))
+                dims = struct.unpack(f"<{n_dims}Q", f.read(8 * n_dims))
+                kind, _offset = struct.unpack("<IQ", f.read(12))
+                found.append((name, dims, kind))
+            return found
+    except (OSError, struct.error, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _header(f) -> tuple[int, int]:
+    """(tensor count, metadata count) after checking the magic and version; ValueError for anything else."""
+    magic, version, tensors, count = struct.unpack("<4sIQQ", f.read(24))
+    if magic != b"GGUF" or version not in (2, 3):
+        raise ValueError("not a GGUF v2/v3 file")
+    return tensors, count
+
+
+def _skip(f, kind: int) -> None:
+    """Move past one metadata value of type `kind`."""
+    if kind == 8:
+        f.seek(struct.unpack("<Q", f.read(8))[0], os.SEEK_CUR)
+    elif kind in _GGUF_SCALARS:
+        f.seek(_GGUF_SCALARS[kind], os.SEEK_CUR)
+    elif kind == 9:
+        item, n = struct.unpack("<IQ", f.read(12))
+        if item in _GGUF_SCALARS:
+            f.seek(n * _GGUF_SCALARS[item], os.SEEK_CUR)
+        elif item == 8:
+            for _ in range(n):
+                f.seek(struct.unpack("<Q", f.read(8))[0], os.SEEK_CUR)
+        else:
+            raise ValueError(f"an array of metadata type {item}")
+    else:
+        raise ValueError(f"metadata type {kind}")

@@ -112,6 +112,7 @@ class LoadOptions:
     max_rows: int | None = None
     token_trees: bool = False
     huge_pages: bool = True
+    lean_gguf: bool = False
 
     def __post_init__(self):
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)

@@ -29,9 +29,10 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from ..models.machine import machine_name
 
 MARGIN = 0.05  # a bound within 5 % of plain decoding is not worth a second model: real acceptance is below 1
 FREE = "suffix"  # the draft that costs nothing: copies from the context and earlier requests
@@ -180,17 +181,6 @@ def untimed_choice(model: str) -> DraftChoice:
 
 
 # ----------------------------------------------------------------------------------------------- the record
-def machine_name() -> str:
-    """The CPU's model name (as lscpu says it) and its core count."""
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
-    except OSError:
-        pass
-    return f"{name}, {os.cpu_count()} cores"
-
-
 def cost_key(target: str, draft: str, backend: str, threads: int | None, draft_quantize: str | None) -> str:
     """What the costs depend on besides the machine: the pair, how it runs, and the threads."""
     return f"{machine_name()} | threads={threads or 'all'} | {backend} | {target} -> {draft} | draft {draft_quantize}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Callable
 
 from .draft_choice import BUSY, MEASURED_KS, costs_from_measurement
@@ -185,22 +186,28 @@ def measure_costs(target, draft_model=None, floor: float | None = None, rounds: 
 
 
 # ---------------------------------------------------------------------------------------------- the floor
-def draft_step_floor(target, target_name: str, draft_name: str) -> float | None:
+def draft_step_floor(target, target_name: str, draft_name: str, lean: bool = False) -> float | None:
     """The least a step of the draft model can cost, in target steps, where llama.cpp runs both as GGUF files:
-    FLOOR_SHARE x the draft's bytes / the target's. None elsewhere: transformers runs a CPU draft in int8 and the
-    target in fp32, so no file's size says what their steps read."""
+    FLOOR_SHARE x the draft's bytes / the target's; lean: the draft may run as its lean copy (models/lean_gguf.py),
+    whose bytes count where its file is already prepared. None elsewhere: transformers runs a CPU draft in int8 and
+    the target in fp32, so no file's size says what their steps read."""
     if getattr(target, "backend", None) != "llamacpp":
         return None
-    target_bytes, draft_bytes = _gguf_bytes(target_name), _gguf_bytes(draft_name)
+    target_bytes, draft_bytes = _gguf_bytes(target_name), _gguf_bytes(draft_name, lean)
     if not target_bytes or not draft_bytes:
         return None
     return FLOOR_SHARE * draft_bytes / target_bytes
 
 
-def _gguf_bytes(name: str) -> int | None:
+def _gguf_bytes(name: str, lean: bool = False) -> int | None:
     from ..models import catalog
+    from ..models.lean_gguf import lean_size
 
     path = os.path.expanduser(name)
-    if os.path.isfile(path) and path.endswith(".gguf"):
-        return os.path.getsize(path)
-    return catalog.lookup(name).size if catalog.is_registered(name) else None
+    if not (os.path.isfile(path) and path.endswith(".gguf")):
+        if not catalog.is_registered(name):
+            return None
+        path = catalog.gguf_cache_path(catalog.lookup(name).name)
+        if not path.is_file():
+            return catalog.lookup(name).size
+    return min(os.path.getsize(path), lean_size(Path(path)) or os.path.getsize(path)) if lean else os.path.getsize(path)

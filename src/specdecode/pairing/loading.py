@@ -54,7 +54,8 @@ def load_model(name_or_path, device: str = "cpu", dtype="auto", trust_remote_cod
                device_map: str | None = None, quantize: str | None = None, prepack: bool = False,
                progress: Progress | bool | None = None, backend: str = AUTO_BACKEND, threads: int | None = None,
                backend_options: dict | None = None, exact_greedy: bool = False,
-               max_rows: int | None = None, token_trees: bool = False, huge_pages: bool = True) -> LoadedModel:
+               max_rows: int | None = None, token_trees: bool = False, huge_pages: bool = True,
+               lean_gguf: bool = False) -> LoadedModel:
     """Load a causal LM and its tokenizer offline.
 
     name_or_path: a built-in name (see `specdecode models list`), a local HF directory, a .gguf file, or a hub
@@ -84,13 +85,16 @@ def load_model(name_or_path, device: str = "cpu", dtype="auto", trust_remote_cod
     for all rows and spare sequences for the branches; transformers verifies trees as it is.
     huge_pages: on llama.cpp, collapse the memory it allocated for the model into transparent huge pages, in a
     background thread (backends/huge_pages.py: fewer TLB misses, the same outputs); no effect elsewhere.
+    lean_gguf: on llama.cpp, run a copy of the GGUF with its heavier matrices re-quantized to Q4_0 where that steps
+    faster on this machine (models/lean_gguf.py: made and timed once); for a draft only, whose weights change q
+    and not the output's distribution. No effect elsewhere.
     progress: a callback (description, done, total) told how preparing a built-in model goes (see
     models/prepare.py), or None; nothing is drawn here (a bool, the former switch, means no callback).
     """
     options = LoadOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code, device_map=device_map,
                           quantize=quantize, prepack=prepack, progress=progress, threads=threads,
                           backend_options=backend_options, exact_greedy=exact_greedy, max_rows=max_rows,
-                          token_trees=token_trees, huge_pages=huge_pages)
+                          token_trees=token_trees, huge_pages=huge_pages, lean_gguf=lean_gguf)
     return choose_backend(name_or_path, backend, options).load(name_or_path, options)
 
 

@@ -234,7 +234,8 @@ def load_draft_model(opts: ModelOptions, rows: int = 1, progress=None):
     from .loading import load_model
 
     return load_model(opts.draft_model, device=opts.device if opts.device_map is None else "auto",
-                      quantize=_quantization(opts, "draft_quantize"), progress=progress, **_shared(opts, rows))
+                      quantize=_quantization(opts, "draft_quantize"), progress=progress,
+                      lean_gguf=opts.draft_quantize == "auto", **_shared(opts, rows))
 
 
 def with_suffix(opts: ModelOptions, model):
@@ -309,7 +310,9 @@ def auto_acceptance(opts: ModelOptions, model: str | None) -> float:
 def auto_cost_key(opts: ModelOptions, model: str) -> str:
     from .draft_choice import cost_key
 
-    return cost_key(opts.target, model, opts.backend, opts.threads, opts.draft_quantize)
+    # auto's draft on llama.cpp became the lean copy (models/lean_gguf.py): costs timed before are another draft's
+    quantized = "auto, lean gguf" if opts.draft_quantize == "auto" else opts.draft_quantize
+    return cost_key(opts.target, model, opts.backend, opts.threads, quantized)
 
 
 def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None, measuring=None,
@@ -360,7 +363,7 @@ def measure_auto_costs(opts: ModelOptions, target, model_name: str, rows: int = 
     from .draft_timing import draft_step_floor
 
     acceptance = auto_acceptance(opts, model_name)
-    floor = draft_step_floor(target, opts.target, model_name)
+    floor = draft_step_floor(target, opts.target, model_name, lean=opts.draft_quantize == "auto")
     verify = None
     if floor is not None:
         target_costs = measure_target_costs(target, floor, acceptance=acceptance)

@@ -11,6 +11,8 @@ from ..errors import OptionError
 from ..backends.prefix_cache import ANSWER_KV
 from ..policy.speculation import MAX_K
 
+JSON_LAYOUTS = ("compact", "model")
+
 DEFAULT_ALIAS = "specdecode"  # always served unless --served-model-name says otherwise: what the README's examples use
 
 
@@ -42,6 +44,7 @@ class ServerSettings:
     grammar_cache_entries: int = 64  # compiled grammars kept (LRU): each distinct schema, regex or tool set is one
     answer_kv: str = "prefill"  # a finished answer's KV: prefilled again while idle, lent as decoded, or not lent
     escaped_copies: bool = True  # JSON answers: the suffix history takes the messages' texts JSON-escaped
+    json_layout: str = "compact"  # a response_format's JSON: compact, or laid out as the model writes it (bounded)
     strict_tool_calls: bool = False  # tool calls in the template's own form only (no fenced or bare JSON)
     max_tool_calls: int = 0  # calls in one answer at most (0: the number of tools the request declares)
     malloc_mmap_threshold_kib: int = 128  # blocks this large get their own mapping (0: glibc's rising threshold;
@@ -61,6 +64,10 @@ class ServerSettings:
         if self.answer_kv not in ANSWER_KV:
             raise OptionError("answer_kv", f"answer_kv must be one of {', '.join(ANSWER_KV)} (prefill: exact, lend: "
                                            f"equal up to float rounding, off: prompts only), got {self.answer_kv!r}")
+        if self.json_layout not in JSON_LAYOUTS:
+            raise OptionError("json_layout", f"json_layout must be one of {', '.join(JSON_LAYOUTS)} (compact: no "
+                                             f"whitespace between tokens; model: the model's own layout, bounded), "
+                                             f"got {self.json_layout!r}")
         if self.prefill_tokens_per_step is not None:
             _integer("prefill_tokens_per_step", self.prefill_tokens_per_step, 0)
             self.prefill_tokens_per_step = self.prefill_tokens_per_step or None  # 0: whole prompts at once

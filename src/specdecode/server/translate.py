@@ -21,6 +21,7 @@ from ..policy.speculation import Speculation
 from ..structured.tool_calls import (ToolError, check_tool_messages, parse_tool_choice, parse_tools, rendered_call,
                           template_supports_tools, tool_format)
 from ..structured.tool_dialects import ToolFormat
+from ..structured.tool_patterns import FREE_LAYOUT
 from .batcher import Job
 from .errors import APIError, bad_request
 from .resend import resender
@@ -71,7 +72,7 @@ def translate(body, kind: Kind, served: ServedModel, settings: ServerSettings) -
         _check_fits(ids, max_tokens, param, tokens_param, served.context_length)
     n = _choices(body, len(prompts), settings)
     logprobs = _logprobs(body, kind)
-    constraint = _response_format(body) if tools is None else {"grammar": tools.grammar}
+    constraint = _response_format(body, settings) if tools is None else {"grammar": tools.grammar}
     params = _params(dict(max_new_tokens=max_tokens, logprobs=logprobs, **constraint, **sampling), tools)
     job = Job(prompts=prompts, max_tokens=[max_tokens] * len(prompts), n=n, params=params)
     if kind == "chat" and settings.escaped_copies and job.constrained:  # JSON answers, tool calls included
@@ -360,11 +361,23 @@ def _logprobs(body, kind: Kind) -> int | None:
     return body.top_logprobs or 0
 
 
-def _response_format(body) -> dict:
+LAYOUT_KEYS = {"whitespace_flexible", "whitespace_pattern", "item_separator", "key_separator"}  # llguidance's
+
+
+def _response_format(body, settings: ServerSettings | None = None) -> dict:
     """The Job's constraint fields of a response_format: a JSON Schema to follow, or any JSON object (the engine's
-    request() compiles them, and names what is wrong with a schema)."""
+    request() compiles them, and names what is wrong with a schema). With settings.json_layout "model" the JSON
+    may be laid out as the model writes it (bounded whitespace between tokens), unless the schema's own
+    "x-guidance" says otherwise."""
     fmt = getattr(body, "response_format", None)
     if fmt is None or fmt.type == "text":
         return {}
     schema = fmt.json_schema.schema_ if fmt.type == "json_schema" else fmt.schema_
+    if settings is not None and settings.json_layout == "model":
+        schema = dict(schema if schema is not None else {"type": "object"})
+        guidance = schema.get("x-guidance")
+        # a schema that sets any layout of its own keeps it; anything but an object is the schema's error to report
+        if guidance is None or isinstance(guidance, dict) and not LAYOUT_KEYS & guidance.keys():
+            schema["x-guidance"] = {**FREE_LAYOUT, **(guidance or {})}
+        return dict(json_schema=schema, json_object=False)
     return dict(json_schema=schema, json_object=schema is None)

@@ -359,6 +359,17 @@ class TokenMask:
             self._bias = torch.from_numpy(out)
         return self._bias
 
+    def argmax_of(self, scores: np.ndarray) -> int:
+        """The index greedy() takes of scores + bias() (the first of equal maxima, as numpy's and torch's argmax),
+        from scores [width] alone where the mask allows their own argmax: then no other allowed token can come
+        before it. What a greedy step of a constrained row needs, without the [width] bias."""
+        top = int(np.argmax(scores))
+        if self.allows(top):
+            return top
+        bias = np.empty(self.width, dtype=np.float32)
+        self.write_bias(bias)
+        return int(np.argmax(scores[: self.width] + bias))
+
     def write_bias(self, out: np.ndarray) -> None:
         """Write bias() into out (float32 [width], e.g. a row of a batch's bias tensor) without an extra copy."""
         if self._bias is not None:

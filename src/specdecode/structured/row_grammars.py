@@ -82,7 +82,7 @@ class RowGrammars:
             return None
         handed, rows, bias = self._handed
         if bias is None:
-            bias = self._stack([[r] for r in rows], 1)[:, 0]
+            bias = self.stack([[r] for r in rows])[:, 0]
             self._handed = (handed, rows, bias)
         return bias
 
@@ -101,6 +101,14 @@ class RowGrammars:
         where allowed and -inf elsewhere (what sampling.BatchSampling.scores adds to the logits); and k_rows cut
         before the first token its grammar does not allow (such a draft, from a drafter that ignores grammars,
         cannot be kept)."""
+        rows, k_rows = self.verify_mask_rows(tokens, k_rows)
+        return (None if rows is None else self.stack(rows)), k_rows
+
+    def verify_mask_rows(self, tokens: list[list[int]],
+                         k_rows: list[int]) -> tuple[list[list[TokenMask | None]] | None, list[int]]:
+        """verify_masks' masks as they are: per row, the TokenMask at each of its K + 1 positions (None: a free row,
+        or a position past the row's drafts), for a greedy verification that reads each position's argmax only
+        (TokenMask.argmax_of); stack() makes verify_masks' tensor of them."""
         if not self.any:
             return None, k_rows
         drafted = [(list(self._draft_path[b]), list(self._draft_masks[b])) for b in range(len(self.matchers))]
@@ -126,11 +134,12 @@ class RowGrammars:
                     break
                 self._walk(b, tokens[b][j])
         self.rewind()
-        return self._stack(masks, width), k_rows
+        return masks, k_rows
 
-    def _stack(self, masks: list[list[TokenMask | None]], width: int) -> torch.Tensor:
-        """float32 [B, width, V]: each TokenMask's additive form written in place; None (free rows, positions past a
-        row's drafts): -0.0, every token allowed."""
+    def stack(self, masks: list[list[TokenMask | None]]) -> torch.Tensor:
+        """float32 [B, width, V] (width: the rows' positions): each TokenMask's additive form written in place;
+        None (free rows, positions past a row's drafts): -0.0, every token allowed."""
+        width = max((len(row) for row in masks), default=0)
         out = torch.empty(len(masks), width, self.vocab_size, dtype=torch.float32)
         view = out.numpy()
         for b, row in enumerate(masks):

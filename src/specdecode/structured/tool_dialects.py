@@ -37,12 +37,11 @@ from dataclasses import dataclass
 
 from .distinct_calls import DISTINCT_CALLS
 from .tool_parser import THINK_CLOSE, THINK_OPEN, ToolCallParser, call_id
-from .tool_patterns import WS, WS_REGEX, Pattern, alt, lit, opt, seq, terminal
+from .tool_patterns import FREE_LAYOUT, WS, Pattern, alt, lit, opt, seq, terminal
 
 PROBE = "specdecode_probe_tool"
 PROBE_ID = "a1b2c3d4e"  # 9 letters and digits: Mistral's templates refuse other ids
 STRICT_LAYOUT = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}  # jinja's tojson
-FREE_LAYOUT = {"whitespace_flexible": True, "whitespace_pattern": WS_REGEX}
 FENCE = seq(lit("```"), opt(lit("json")), WS)
 KINDS = {"object": lit(""), "list": seq(lit("["), WS), "double": seq(lit("{"), WS)}
 ALL_SHAPES = tuple((fence, kind) for fence in (False, True) for kind in KINDS)

@@ -14,6 +14,8 @@ _META = set("\\.+*?()|[]{}^$")
 # Whitespace between the pieces of a call: bounded, so a model that would rather write something the grammar
 # refuses cannot run away into blank lines (SGLang's one-call cap loops on whitespace: sgl-project/sglang#17998).
 WS_REGEX = r"[ \t]{0,2}(?:\n[ \t]{0,24})?"
+# llguidance's JSON options for JSON laid out as the model writes it, within that bound (indented or not)
+FREE_LAYOUT = {"whitespace_flexible": True, "whitespace_pattern": WS_REGEX}
 
 
 @dataclass(frozen=True)
