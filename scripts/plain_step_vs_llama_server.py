@@ -2,22 +2,26 @@
 after the first token of greedy answers of N tokens (ignore_eos) behind a short prompt and ~1k and ~3k tokens of
 context (the built-in ~900-token system prompt repeated), on our server at URL (start it with --draft none) and on
 llama-server plain, started here on the same GGUF and threads. Each context's first request warms both prompt
-caches; medians of the rounds after it.
+caches; medians of the rounds after it. The context "json" is the matrix's invoice under its json_schema, laid out
+as the model writes it (the layout llama-server's json_schema allows): the same text on both, a grammar's step
+against a grammar's step (the answer ends itself, ~172 tokens).
 
-    python scripts/plain_step_vs_llama_server.py URL [ROUNDS] [TOKENS] [CONTEXTS]
+    python scripts/plain_step_vs_llama_server.py URL [ROUNDS] [TOKENS] [CONTEXTS, e.g. short,1k,3k,json]
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import statistics
 import sys
 
 from specdecode.bench.llama_server import LlamaServer, find_binary
 from specdecode.bench.llamacpp_peers import gguf_file
-from specdecode.bench.peer_matrix import decode_rate, wait_quiet
+from specdecode.bench.peer_matrix import decode_rate, wait_quiet, workloads
 from specdecode.bench.serve import ClientSettings, RequestRecord, make_client, stream_request
 from specdecode.bench.serve_chat import builtin_system_prompt
+from specdecode.structured.tool_patterns import FREE_LAYOUT
 
 QUESTION = "Write a Python function that merges two sorted lists, with a docstring and tests."
 
@@ -28,9 +32,17 @@ def messages(context: str) -> list[dict]:
     return [{"role": "system", "content": system}, {"role": "user", "content": QUESTION}]
 
 
+def json_body() -> dict:
+    """The matrix's invoice and its json_schema, the layout the model's own (FREE_LAYOUT)."""
+    invoice = workloads()["json schema"][0]
+    extra = copy.deepcopy(invoice.extra)
+    extra["response_format"]["json_schema"]["schema"]["x-guidance"] = FREE_LAYOUT
+    return {"messages": invoice.messages([]), **extra}
+
+
 async def one(url: str, context: str, tokens: int) -> float | None:
-    body = {"messages": messages(context), "max_tokens": tokens, "temperature": 0.0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {"max_tokens": tokens, "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
+            **(json_body() if context == "json" else {"messages": messages(context), "ignore_eos": True})}
     await wait_quiet()  # our server prefills an answer once idle: the next request waits for a quiet machine
     async with make_client(ClientSettings(url=url, timeout_s=900), 1) as http:
         record = await stream_request(http, "/v1/chat/completions", body, RequestRecord(0, 0.0))
