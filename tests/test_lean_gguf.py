@@ -188,3 +188,11 @@ def test_the_least_draft_step_counts_the_lean_copys_bytes_under_auto(wide_gguf, 
     assert draft_step_floor(on_llama_cpp, str(target), str(wide_gguf), lean=True) == pytest.approx(
         share * lean_gguf.lean_size(wide_gguf))
     assert draft_step_floor(SimpleNamespace(backend="transformers"), str(target), str(wide_gguf), lean=True) is None
+
+
+def test_a_type_gguf_py_does_not_know_is_left_as_it_is(wide_gguf, monkeypatch):
+    header = gguf_tensors(wide_gguf)
+    unknown = [(name, dims, 999 if name == "output.weight" else kind) for name, dims, kind in header]
+    monkeypatch.setattr(lean_gguf, "gguf_tensors", lambda path: unknown)
+    assert set(lean_gguf.heavier_tensors(wide_gguf)) == MATRICES - {"output.weight"}
+    assert lean_gguf.lean_size(wide_gguf) > 0

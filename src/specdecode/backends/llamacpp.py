@@ -452,7 +452,8 @@ def load(source, options):
         if options.lean_gguf:
             from ..models.lean_gguf import lean_gguf
 
-            run = lean_gguf(prepared.path, keywords.get("n_threads"), _reporter(options.progress))
+            progress = options.progress if callable(options.progress) else None  # a bool means no callback
+            run = lean_gguf(prepared.path, keywords.get("n_threads"), progress)
         model = LlamaCppBackend(run, name=name, **keywords)
         tokenizer = tokenizer.result()
     if tokenizer is not None and len(tokenizer) < model.n_vocab:
@@ -460,10 +461,6 @@ def load(source, options):
         # generators do for transformers models.
         model.vocab_size = len(tokenizer)
     return LoadedModel(model, tokenizer, name, str(prepared.path), backend="llamacpp")
-
-
-def _reporter(progress):
-    return progress if callable(progress) else None
 
 
 def _tokenizer(prepared):

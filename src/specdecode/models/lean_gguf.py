@@ -41,10 +41,17 @@ STEPS = 12  # one-token steps timed per model and round
 def heavier_tensors(path: Path) -> list[str]:
     """The names of the matrices of a GGUF file that the lean copy re-quantizes (none: the copy would be the same),
     read from its header."""
+    return [name for name, dims, kind in gguf_tensors(path) or () if _converts(name, dims, _type_name(kind))]
+
+
+def _type_name(kind: int) -> str:
+    """The ggml type's name; a type gguf-py does not know (a newer llama.cpp's) is never re-quantized."""
     from gguf.constants import GGMLQuantizationType
 
-    return [name for name, dims, kind in gguf_tensors(path) or ()
-            if _converts(name, dims, GGMLQuantizationType(kind).name)]
+    try:
+        return GGMLQuantizationType(kind).name
+    except ValueError:
+        return f"unknown type {kind}"
 
 
 def _converts(name: str, dims: tuple, kind: str) -> bool:
@@ -65,9 +72,8 @@ def lean_size(path: Path) -> int | None:
     lean_block, lean_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[LEAN_TYPE]]
     saved = 0
     for name, dims, kind in tensors:
-        kind = GGMLQuantizationType(kind)
-        if _converts(name, dims, kind.name):
-            block, size = GGML_QUANT_SIZES[kind]
+        if _converts(name, dims, _type_name(kind)):
+            block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
             count = int(np.prod(dims))
             saved += count // block * size - count // lean_block * lean_bytes
     return os.path.getsize(path) - saved

@@ -210,4 +210,5 @@ def _gguf_bytes(name: str, lean: bool = False) -> int | None:
         path = catalog.gguf_cache_path(catalog.lookup(name).name)
         if not path.is_file():
             return catalog.lookup(name).size
-    return min(os.path.getsize(path), lean_size(Path(path)) or os.path.getsize(path)) if lean else os.path.getsize(path)
+    size = os.path.getsize(path)
+    return min(size, lean_size(Path(path)) or size) if lean else size
