@@ -253,11 +253,14 @@ def legend():
 
 
 def _k_row(stats) -> str:
+    k, copies = stats.num_speculative_tokens, getattr(stats, "copy_limit", 0)
+    # the copy limit apart from K: the mean counts free copies too, and may pass a model's K
+    limit = f"at most {k}" + (f" from a model, {copies} copied" if copies > k else "")
     if getattr(stats, "policy", "fixed") == "auto":
         plain = getattr(stats, "plain_steps", 0)
-        return (f"auto: {getattr(stats, 'mean_k', 0.0):.2f} on average, at most {stats.num_speculative_tokens}"
+        return (f"auto: {getattr(stats, 'mean_k', 0.0):.2f} on average, {limit}"
                 + (f" ({plain} plain steps)" if plain else ""))
-    return f"{stats.num_speculative_tokens}"
+    return f"{k}"
 
 
 def _per_position(stats) -> str:

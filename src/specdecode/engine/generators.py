@@ -189,7 +189,7 @@ class SpeculativeGenerator:
             speculation = Speculation.parse(k if self.drafter is not None else 0)
             if speculation != self.speculation:
                 policy = self._policy(speculation)
-        session = DecodingSession(self, policy)
+        session = _limits_named(DecodingSession(self, policy))
         return TokenStream(session, [session.add(r) for r in requests])
 
     def constraint(self, json_schema=None, grammar=None, regex=None, json_object: bool = False):
@@ -289,7 +289,7 @@ class SpeculativeGenerator:
     def session(self, policy=None, prefill_tokens_per_step: int | None = None,
                 max_batch: int | None = None) -> "DecodingSession":
         """A batch that rows join and leave between steps (continuous batching; see DecodingSession)."""
-        return DecodingSession(self, policy, prefill_tokens_per_step, max_batch)
+        return _limits_named(DecodingSession(self, policy, prefill_tokens_per_step, max_batch))
 
     def encode(self, prompts: Prompts) -> list[list[int]]:
         """Token ids of each prompt (text needs the tokenizer); clear errors for empty or out-of-vocabulary ones."""
@@ -330,3 +330,13 @@ def _prefix_cache(target, max_tokens: int):
         raise ValueError(f"prefix_cache_tokens must be an integer >= 0 (0: off), got {max_tokens!r}")
     cache = PrefixCache(max_tokens)
     return cache if cache.usable(target) else None
+
+
+def _limits_named(session: DecodingSession) -> DecodingSession:
+    """The session's Stats with the user's K and the copy limit apart. The session sizes its counters by the widest
+    step its policy may verify, which under -k auto with a copying drafter is the copy limit (64), not the K a
+    model's drafts keep to: a user who left K at auto's cap of 8 would read 64 as their K."""
+    stats, policy = session.stats, session.policy
+    stats.copy_limit = policy.max_k
+    stats.num_speculative_tokens = getattr(policy, "model_k", policy.max_k)  # AdaptivePolicy's; a fixed K's own
+    return session

@@ -40,7 +40,11 @@ class Stats:
     num_rows: int = 0
     prompt_tokens: int = 0
     new_tokens: int = 0
-    num_speculative_tokens: int = 0  # the largest K the policy could choose
+    # The user's K: a fixed K, or under -k auto the most drafts a model's step may choose (max_speculative_tokens).
+    num_speculative_tokens: int = 0
+    # The most tokens one step may verify: K, or under -k auto with a drafter that copies (suffix, suffix+MODEL)
+    # the copy limit (max_copy_tokens), far past a model's K since a long match's copy is kept nearly whole.
+    copy_limit: int = 0
     policy: str = "fixed"  # "auto" (adaptive K) or "fixed"
     k_histogram: dict[int, int] = field(default_factory=dict)  # verification steps per K chosen (0: plain)
     proposed_tokens: int = 0
