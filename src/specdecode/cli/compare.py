@@ -7,9 +7,10 @@ import sys
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
 from .app import app
-from .common import (CLIError, PROVENANCE_STYLES, check_generation_args, chat_ids, err, generator_of, legend,
+from .common import (CLIError, PROVENANCE_STYLES, check_generation_args, chat_ids, err, fail, generator_of, legend,
                      load_pair, make_generator, max_drafts, out, read_prompts, user_errors)
 from .options import ModelOptions, SamplingOptions, model_options, sampling_options
 
@@ -35,7 +36,8 @@ def compare(
 ) -> None:
     """Decode the prompt with the target alone, then speculatively; show both with their speed and the speedup.
 
-    With greedy decoding (the default) the two outputs must be identical token for token: this is checked.
+    With greedy decoding (the default) the two outputs must be identical token for token: this is checked, and the
+    exit code is 1 where they differ (the message says at which token).
     """
     with user_errors():
         check_generation_args(max_new_tokens, stop=stop)
@@ -75,6 +77,11 @@ def compare(
             sys.stdout.flush()
         else:
             _summary(p, s, speedup, identical, first_difference, greedy)
+        if greedy and not identical:
+            fail(escape(f"greedy outputs differ from token {first_difference} on "
+                        f"({_tokens_at(p, s, first_difference, spec.tokenizer)}): speculative decoding must give the "
+                        f"target's own greedy tokens; on llama.cpp, --exact-greedy verifies in forwards that compute "
+                        f"the same numbers as plain decoding (its default mode can flip a near-tie)"))
 
 
 def _run(gen, inputs, params, title: str, show: bool):
@@ -119,6 +126,18 @@ def _run(gen, inputs, params, title: str, show: bool):
     if show and live is None:
         out.print(panel(True, result.stats), soft_wrap=False)
     return result
+
+
+def _tokens_at(p, s, i: int, tokenizer) -> str:
+    """What each run made at token i: its id and text, or that the run had ended."""
+    def token(result) -> str:
+        ids = result.token_ids[0]
+        if i >= len(ids):
+            return f"ended after {len(ids)} tokens"
+        text = tokenizer.decode([ids[i]]) if tokenizer is not None else None
+        return f"id {ids[i]}" + (f" {text!r}" if text is not None else "")
+
+    return f"plain: {token(p)}; speculative: {token(s)}"
 
 
 def _short(name: str) -> str:
