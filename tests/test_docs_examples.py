@@ -93,7 +93,17 @@ def test_the_first_command_runs_as_written(default_pair):
     [argv] = first
     assert argv[0] == "generate"
     result = invoke(argv)
-    assert "def quicksort" in result.output or result.stdout.strip()
+    prompt = argv[1]
+    # the prompt echoed, then the target's continuation of it: code (a quicksort returns its list)
+    assert result.stdout.startswith(prompt), result.stdout
+    continuation = result.stdout[len(prompt):]
+    assert continuation.strip() and "return" in continuation, result.stdout
+    # -v: the backend each model runs on and the statistics, on stderr; at most --max-new-tokens tokens
+    assert re.search(r"^target: \S+ on the \w+ backend", result.stderr, re.M), result.stderr
+    new_tokens = re.search(r"new tokens\s+(\d+)", result.stderr)
+    limit = int(argv[argv.index("--max-new-tokens") + 1])
+    assert new_tokens and 0 < int(new_tokens.group(1)) <= limit, result.stderr
+    assert re.search(r"tokens/s\s+\d", result.stderr), result.stderr
 
 
 @pytest.mark.real_models

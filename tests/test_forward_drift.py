@@ -21,6 +21,7 @@ from specdecode.cli.common import DEFAULT_TARGET  # noqa: E402
 from specdecode.models import catalog  # noqa: E402
 
 pytestmark = pytest.mark.real_models
+TOP_MOVE, ANY_MOVE = 0.16, 1.1  # nats: the documented bounds of the default mode's move
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +45,13 @@ def test_exact_mode_is_bit_identical_and_the_default_mode_moves_logprobs_by_the_
     # --exact-greedy's forwards (<= 3 tokens): the same numbers bit for bit, hence the target's own greedy tokens.
     assert (logprobs_by_chunks(backend, prompt, continuation, 3) == reference).all()
     # The default mode's K + 1 = 4-token verification: not the same numbers (so the README may not promise
-    # token-for-token greedy there), but a rounding-sized move, not a wrong model: docs/REPRODUCIBILITY.md gives
-    # up to ~0.16 nats on a position's top token and ~1.1 nats on the tail of the vocabulary over 96 tokens.
+    # token-for-token greedy there), but a rounding-sized move, not a wrong model, of the size the docs give
+    # (README, docs/REPRODUCIBILITY.md, docs/CORRECTNESS.md): up to 0.16 nats on a position's top token and 1.1
+    # nats on the tail of the vocabulary.
     verified = logprobs_by_chunks(backend, prompt, continuation, 4)
     top = reference.argmax(-1, keepdim=True)
     top_move = (verified.gather(1, top) - reference.gather(1, top)).abs().max().item()
+    any_move = (verified - reference).abs().max().item()
     assert (verified != reference).any()
-    assert 0 < top_move < 0.5
+    assert 0 < top_move <= TOP_MOVE, f"a top token's log-probability moved {top_move:.4f} nats"
+    assert any_move <= ANY_MOVE, f"a token's log-probability moved {any_move:.4f} nats"
