@@ -4,8 +4,11 @@ output exactly the target's (greedy: token for token)."""
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,10 +20,12 @@ from test_registry import write_tiny_gguf  # noqa: E402
 
 from specdecode import AutoregressiveGenerator, SpeculativeGenerator  # noqa: E402
 from specdecode.backends.llamacpp import LlamaCppBackend  # noqa: E402
+from specdecode.errors import OptionError  # noqa: E402
 from specdecode.models import cache, lean_gguf  # noqa: E402
 from specdecode.models.gguf_header import gguf_tensors  # noqa: E402
+from specdecode.models.machine import usable_cores  # noqa: E402
 from specdecode.pairing.loading import load_model  # noqa: E402
-from specdecode.pairing.pair import ModelOptions, load_draft_model  # noqa: E402
+from specdecode.pairing.pair import ModelOptions, check_options, load_draft, load_draft_model  # noqa: E402
 
 MATRICES = {f"blk.{i}.{m}.weight" for i in range(2)
             for m in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")} | {"output.weight"}
@@ -99,17 +104,30 @@ def test_the_copy_is_used_where_it_is_faster_made_and_timed_once_per_thread_coun
     assert lean_gguf.lean_gguf(wide_gguf, 2, timer=timer) == chosen and len(timer.calls) == 1  # the verdict is kept
     assert lean_gguf.lean_gguf(wide_gguf, 1, timer=timer) == chosen and len(timer.calls) == 2  # other threads: timed
     assert chosen.stat().st_mtime_ns == made  # ...but the copy is not made again
-    verdicts = json.loads(chosen.with_suffix(".json").read_text())
+    verdicts = json.loads(chosen.with_suffix(".json").read_text())["verdicts"]
     assert {v["lean"] for v in verdicts.values()} == {True} and len(verdicts) == 2
     assert {v["original_ms"] for v in verdicts.values()} == {10.0}
     chosen.unlink()  # removed from the cache: made again on the next use
     assert lean_gguf.lean_gguf(wide_gguf, 2, timer=timer) == chosen and chosen.is_file() and len(timer.calls) == 3
 
 
-def test_the_original_is_used_where_the_copy_is_not_clearly_faster(wide_gguf, cache_dir):
+def test_a_copy_that_does_not_pay_is_deleted_and_its_verdict_kept(wide_gguf, cache_dir):
     timer = Timer(10.0, 9.5)  # 0.95 of the original's step: not worth the acceptance it may lose
     assert lean_gguf.lean_gguf(wide_gguf, 2, timer=timer) == wide_gguf
-    assert lean_gguf.lean_gguf(wide_gguf, 2, timer=timer) == wide_gguf and len(timer.calls) == 1
+    assert not lean_gguf.lean_path(wide_gguf).exists()  # 0 bytes of copy kept...
+    record = json.loads(lean_gguf.record_path(wide_gguf).read_text())
+    assert [v["lean"] for v in record["verdicts"].values()] == [False] and "copy_bytes" not in record
+    assert lean_gguf.lean_gguf(wide_gguf, 2, timer=timer) == wide_gguf and len(timer.calls) == 1  # ...nor re-made
+    assert sorted(p.name for p in lean_gguf.lean_dir().iterdir() if not p.name.startswith(".")) == [
+        lean_gguf.record_path(wide_gguf).name]
+
+
+def test_a_copy_that_pays_at_one_thread_count_stays_for_it(wide_gguf, cache_dir):
+    assert lean_gguf.lean_gguf(wide_gguf, 1, timer=Timer(10.0, 5.0)) == lean_gguf.lean_path(wide_gguf)
+    assert lean_gguf.lean_gguf(wide_gguf, 2, timer=Timer(10.0, 9.9)) == wide_gguf
+    assert lean_gguf.lean_path(wide_gguf).is_file()  # still used at 1 thread
+    timer = Timer(10.0, 5.0)
+    assert lean_gguf.lean_gguf(wide_gguf, 1, timer=timer) == lean_gguf.lean_path(wide_gguf) and not timer.calls
 
 
 def test_a_file_with_nothing_heavier_is_used_as_it_is_and_nothing_is_written(tmp_path, cache_dir):
@@ -119,12 +137,29 @@ def test_a_file_with_nothing_heavier_is_used_as_it_is_and_nothing_is_written(tmp
     assert not cache_dir.exists() or not list(cache_dir.rglob("*narrow*"))
 
 
-def test_a_changed_source_gets_a_copy_of_its_own(wide_gguf, tmp_path, cache_dir):
+def test_a_changed_source_replaces_its_copy(wide_gguf, tmp_path, cache_dir):
     source = tmp_path / "draft.gguf"
     source.write_bytes(wide_gguf.read_bytes())
-    first = lean_gguf.lean_path(source)
-    os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 10**9))
-    assert lean_gguf.lean_path(source) != first and lean_gguf.lean_path(source).name.startswith("draft-")
+    timer = Timer(10.0, 5.0)
+    first = lean_gguf.lean_gguf(source, 2, timer=timer)
+    legacy = lean_gguf.lean_dir() / "draft-0123456789ab.q4_0.gguf"  # named by size and time, as before records
+    legacy.write_bytes(b"x" * 100)
+    legacy.with_suffix(".json").write_text(json.dumps({"cpu | threads=all": {"lean": True}}))
+    for step in (1, 2):
+        os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + step * 10**9))
+        assert lean_gguf.lean_gguf(source, 2, timer=timer) == first and len(timer.calls) == 1 + step
+    assert sorted(p.name for p in lean_gguf.lean_dir().iterdir() if not p.name.startswith(".")) == [
+        first.name, first.with_suffix(".json").name]  # one copy, its record, nothing else
+    assert json.loads(first.with_suffix(".json").read_text())["source_mtime_ns"] == source.stat().st_mtime_ns
+
+
+def test_the_copy_of_a_source_that_is_gone_goes_when_another_copy_is_made(wide_gguf, tmp_path, cache_dir):
+    gone = tmp_path / "gone.gguf"
+    gone.write_bytes(wide_gguf.read_bytes())
+    lean_gguf.lean_gguf(gone, 2, timer=Timer(10.0, 5.0))
+    gone.unlink()
+    lean_gguf.lean_gguf(wide_gguf, 2, timer=Timer(10.0, 5.0))
+    assert [c.source for c in lean_gguf.list_copies()] == [str(wide_gguf.resolve())]
 
 
 def test_step_ms_times_each_file_on_llama_cpp(wide_gguf, tmp_path):
@@ -133,15 +168,20 @@ def test_step_ms_times_each_file_on_llama_cpp(wide_gguf, tmp_path):
     assert len(times) == 2 and all(0 < t < 1000 for t in times)
 
 
-def test_a_built_in_models_lean_copies_count_as_its_cache_files(cache_dir):
+def test_a_built_in_models_lean_copies_count_as_its_cache_files(wide_gguf, cache_dir):
     gguf_file = cache_dir / "gguf" / "smollm2-135m-instruct.gguf"
-    lean = cache_dir / "gguf" / "lean" / "smollm2-135m-instruct-0123456789ab.q4_0.gguf"
-    lean.parent.mkdir(parents=True)
-    lean.write_bytes(b"x" * 1000)
+    gguf_file.parent.mkdir(parents=True)
+    gguf_file.write_bytes(wide_gguf.read_bytes())
+    lean = lean_gguf.lean_gguf(gguf_file, 2, timer=Timer(10.0, 5.0))
+    legacy = lean.parent / "smollm2-135m-instruct-0123456789ab.q4_0.gguf"  # an earlier version's, never used
+    legacy.write_bytes(b"x" * 1000)
     (lean.parent / "smollm2-135m-instruct-extra-0123456789ab.q4_0.gguf").write_bytes(b"y")  # another name: not it
-    assert lean in cache.cache_paths("smollm2-135m-instruct") and gguf_file in cache.cache_paths("smollm2-135m-instruct")
-    assert cache.model_size("smollm2-135m-instruct") == 1000
-    assert cache.remove_model("smollm2-135m-instruct") == 1000 and not lean.exists()
+    paths = cache.cache_paths("smollm2-135m-instruct")
+    assert {lean, lean.with_suffix(".json"), legacy, gguf_file} <= set(paths)
+    size = cache.model_size("smollm2-135m-instruct")
+    assert size >= os.path.getsize(gguf_file) + os.path.getsize(lean) + 1000
+    assert cache.remove_model("smollm2-135m-instruct") == size and not lean.exists() and not legacy.exists()
+    assert not lean.with_suffix(".json").exists()
 
 
 def test_a_draft_on_the_lean_copy_keeps_the_targets_greedy_output(wide_gguf, cache_dir, monkeypatch):
@@ -196,3 +236,178 @@ def test_a_type_gguf_py_does_not_know_is_left_as_it_is(wide_gguf, monkeypatch):
     monkeypatch.setattr(lean_gguf, "gguf_tensors", lambda path: unknown)
     assert set(lean_gguf.heavier_tensors(wide_gguf)) == MATRICES - {"output.weight"}
     assert lean_gguf.lean_size(wide_gguf) > 0
+
+
+# ---------------------------------------------------------------------------------------------- failures fall back
+def _lean_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "specdecode.lean_gguf" and r.levelno >= logging.WARNING]
+
+
+@pytest.fixture
+def unwritable_cache(tmp_path, monkeypatch):
+    """A cache nothing can be written to: read-only, or under a plain file where permissions do not stop root."""
+    root = tmp_path / "cache"
+    if os.geteuid() == 0:
+        (tmp_path / "a-file").write_text("")
+        root = tmp_path / "a-file" / "cache"
+    else:
+        root.mkdir()
+        root.chmod(0o555)
+    monkeypatch.setenv("SPECDECODE_CACHE", str(root))
+    yield root
+    if root.is_dir():
+        root.chmod(0o755)
+
+
+def test_an_unwritable_cache_drafts_on_the_original_with_one_warning(wide_gguf, unwritable_cache, monkeypatch,
+                                                                     caplog):
+    monkeypatch.setattr(lean_gguf, "step_ms", Timer(10.0, 5.0))
+    draft = load_model(str(wide_gguf), backend="llamacpp", threads=1, lean_gguf=True)
+    assert draft.model.gguf_path == wide_gguf
+    [warning] = _lean_warnings(caplog)
+    assert f"runs {wide_gguf} as it is" in warning
+    assert "Not a directory" in warning or "Permission denied" in warning or "Read-only" in warning
+
+
+def _no_room(path):
+    return SimpleNamespace(free=1000)
+
+
+def _disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("failure, why", [("write", "No space left on device"), ("room", "MB needed for the copy"),
+                                          ("type", "ggml type(s) 999 that gguf-py cannot read")])
+def test_a_copy_that_cannot_be_made_leaves_the_original_and_no_file(wide_gguf, cache_dir, monkeypatch, caplog,
+                                                                    failure, why):
+    if failure == "write":  # the disk fills while the copy is written
+        monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", _disk_full)
+    elif failure == "room":
+        monkeypatch.setattr(lean_gguf.shutil, "disk_usage", _no_room)
+    else:  # a type a newer llama.cpp has: gguf-py cannot even read the file
+        header = gguf_tensors(wide_gguf)
+        monkeypatch.setattr(lean_gguf, "gguf_tensors", lambda path: [
+            (name, dims, 999 if name == "output.weight" else kind) for name, dims, kind in header])
+    timer = Timer(10.0, 5.0)
+    monkeypatch.setattr(lean_gguf, "step_ms", timer)
+    draft = load_model(str(wide_gguf), backend="llamacpp", threads=1, lean_gguf=True)
+    assert draft.model.gguf_path == wide_gguf and timer.calls == []
+    [warning] = _lean_warnings(caplog)
+    assert why in warning
+    left = lean_gguf.lean_dir()
+    assert not left.exists() or [p.name for p in left.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_a_copy_llama_cpp_cannot_load_is_dropped_for_the_original(wide_gguf, cache_dir, monkeypatch, caplog):
+    timer = Timer(10.0, 5.0)
+    monkeypatch.setattr(lean_gguf, "step_ms", timer)
+    copy = lean_gguf.lean_gguf(wide_gguf, 1)
+    copy.write_bytes(b"\0" * copy.stat().st_size)  # its size as recorded: only loading tells
+    draft = load_model(str(wide_gguf), backend="llamacpp", threads=1, lean_gguf=True)
+    assert draft.model.gguf_path == wide_gguf and not copy.exists()
+    [warning] = _lean_warnings(caplog)
+    assert f"runs {wide_gguf} as it is" in warning
+    again = load_model(str(wide_gguf), backend="llamacpp", threads=1, lean_gguf=True)
+    assert again.model.gguf_path == wide_gguf and len(timer.calls) == 1 and len(_lean_warnings(caplog)) == 1
+
+
+# ---------------------------------------------------------------------------------------------- threads, flags, bench
+@pytest.mark.parametrize("threads", [None, 1])
+def test_the_copy_is_timed_at_the_threads_the_draft_runs_with(wide_gguf, cache_dir, monkeypatch, threads):
+    timer = Timer(10.0, 5.0)
+    monkeypatch.setattr(lean_gguf, "step_ms", timer)
+    draft = load_model(str(wide_gguf), backend="llamacpp", threads=threads, lean_gguf=True)
+    assert draft.model.gguf_path == lean_gguf.lean_path(wide_gguf)
+    assert [t for _, t in timer.calls] == [llama_cpp.llama_n_threads(draft.model._shared.ctx)]
+    assert lean_gguf.lean_gguf(wide_gguf, None, timer=timer) and timer.calls[-1][1] == usable_cores()
+
+
+def test_step_ms_runs_llama_cpp_at_the_threads_given(wide_gguf, tmp_path, monkeypatch):
+    made = []
+
+    class Recording(llama_cpp.Llama):
+        def __init__(self, *args, **kwargs):
+            made.append((kwargs["n_threads"], kwargs["n_threads_batch"]))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(llama_cpp, "Llama", Recording)
+    lean_gguf.step_ms([wide_gguf, wide_gguf], 1, rounds=1)
+    assert made == [(1, 1), (1, 1)]
+
+
+@pytest.mark.parametrize("value", ["int8", "int4"])
+@pytest.mark.parametrize("backend", ["llamacpp", "auto"])
+def test_a_torch_quantization_of_a_gguf_draft_on_llama_cpp_is_refused(wide_gguf, value, backend):
+    opts = ModelOptions(target=str(wide_gguf), draft=str(wide_gguf), draft_quantize=value, backend=backend)
+    with pytest.raises(OptionError) as refused:
+        check_options(opts)
+    assert refused.value.option == "draft_quantize"
+    assert str(refused.value).startswith(f"draft_quantize {value} ") and "llama.cpp backend" in str(refused.value)
+    assert "use auto" in str(refused.value) and "none" in str(refused.value)
+    check_options(ModelOptions(target=str(wide_gguf), draft=str(wide_gguf), draft_quantize=value,
+                               backend="transformers"))  # torch quantizes it there
+
+
+def test_the_cli_names_the_flag_it_refuses(wide_gguf):
+    from typer.testing import CliRunner
+
+    from specdecode.cli.app import app
+
+    result = CliRunner().invoke(app, ["generate", "x", "--target", str(wide_gguf), "--draft", str(wide_gguf),
+                                      "--draft-quantize", "int8", "--backend", "llamacpp"])
+    assert result.exit_code != 0 and "--draft-quantize int8" in result.output and "llama.cpp" in result.output
+
+
+@pytest.mark.parametrize("draft, quantize, lean", [("{}", "auto", True), ("suffix+{}", "auto", True),
+                                                   ("{}", "none", False)])
+def test_the_bench_peers_draft_on_the_file_ours_drafts_on(wide_gguf, cache_dir, monkeypatch, draft, quantize, lean):
+    from specdecode.bench.methods.base import LLAMACPP
+    from specdecode.bench.peers import file_run, llama_setup
+    from specdecode.bench.report import llama_config
+
+    monkeypatch.setattr(lean_gguf, "step_ms", Timer(10.0, 5.0))
+    opts = ModelOptions(target=str(wide_gguf), draft=draft.format(wide_gguf), draft_quantize=quantize, threads=1,
+                        backend="llamacpp")
+    target, ours = load_model(str(wide_gguf), backend="llamacpp", threads=1), load_draft(opts)
+    setup = llama_setup(opts, target, ours, ["llama-speculative"], None, sanity=False)
+    assert setup.target_gguf == str(wide_gguf)
+    assert setup.draft_gguf == str(file_run(ours)) == str(lean_gguf.lean_path(wide_gguf) if lean else wide_gguf)
+    said = f"the lean Q4_0 copy of {wide_gguf.resolve()}" if lean else "the file ours drafts on"
+    assert setup.draft_gguf_is.endswith(said)
+    bench = SimpleNamespace(ctx=SimpleNamespace(llama=setup, llama_binary=None, llama_ctx=256),
+                            runners={"llama-speculative": SimpleNamespace(runs_on=LLAMACPP)})
+    report = llama_config(bench)
+    assert report["draft_gguf"] == setup.draft_gguf and report["draft_gguf_is"] == setup.draft_gguf_is
+
+
+# ---------------------------------------------------------------------------------------------- specdecode models
+def test_models_list_and_remove_see_the_lean_copies_of_user_files(wide_gguf, tmp_path, cache_dir):
+    from typer.testing import CliRunner
+
+    from specdecode.cli.app import app
+
+    paying, not_paying = tmp_path / "mine.gguf", tmp_path / "other.gguf"
+    for path in (paying, not_paying):
+        path.write_bytes(wide_gguf.read_bytes())
+    lean_gguf.lean_gguf(paying, 2, timer=Timer(10.0, 5.0))
+    lean_gguf.lean_gguf(not_paying, 2, timer=Timer(10.0, 9.9))
+
+    def run(*args):
+        return CliRunner().invoke(app, list(args), env={"SPECDECODE_CACHE": str(cache_dir)})
+
+    listed = run("models", "list")
+    assert listed.exit_code == 0, listed.output
+    assert str(paying.resolve()) in listed.output and str(not_paying.resolve()) in listed.output
+    assert "used at 2 threads (5.0 vs 10.0 ms a step)" in listed.output and "copy deleted" in listed.output
+    records = {r["source"]: r for r in json.loads(run("models", "list", "--lean", "--json").stdout)}
+    assert records[str(paying.resolve())]["copy_kept"] and not records[str(not_paying.resolve())]["copy_kept"]
+    assert records[str(paying.resolve())]["bytes"] > os.path.getsize(lean_gguf.lean_path(paying))
+    removed = run("models", "remove", "--lean", str(paying))
+    assert removed.exit_code == 0 and "freed" in removed.output, removed.output
+    assert not lean_gguf.lean_path(paying).exists() and not lean_gguf.record_path(paying).exists()
+    assert lean_gguf.record_path(not_paying).exists() and paying.exists()  # another's record, the source: kept
+    assert run("models", "remove", "--lean").exit_code == 0 and lean_gguf.list_copies() == []
+    assert "no lean draft copy" in run("models", "remove", "--lean").output
+    refused = run("models", "remove")
+    assert refused.exit_code != 0 and "--lean" in refused.output

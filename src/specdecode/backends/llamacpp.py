@@ -44,7 +44,7 @@ import torch
 
 from . import register_backend
 from ..exact.token_tree import children, depths
-from .llamacpp_context import _Context, _ParkedSequence, _RunningSequence, _end_of_generation_ids, _open
+from .llamacpp_context import _Context, _ParkedSequence, _RunningSequence, _cores, _end_of_generation_ids, _open
 from .llamacpp_layout import FA_TILE, SPLIT_ATTENTION_FROM, chunks, layout, reusable_prefix
 
 INSTALL_HINT = ('the llama.cpp backend needs llama-cpp-python: pip install -e ".[llamacpp]" '
@@ -97,9 +97,11 @@ class LlamaCppBackend:
             self._shared = _open(lib, Path(model), n_ctx, max_rows, n_threads, n_threads_batch, n_batch,
                                  flash_attn, use_mmap, repack, verbose, tree_seqs, huge_pages)
             self.name = name or Path(model).name
+            self.gguf_path = Path(model)  # the file it runs (a draft's lean copy, where it runs one)
         elif isinstance(model, lib.Llama):
             self._shared = _Context(lib, model.model, model.ctx, lib.llama_n_ctx_seq(model.ctx), llama=model)
             self.name = name or Path(model.model_path).name
+            self.gguf_path = Path(model.model_path)
         else:
             raise TypeError(f"LlamaCppBackend takes a .gguf path or a llama_cpp.Llama, not {type(model).__name__}")
         vocab = lib.llama_model_get_vocab(self._shared.model)
@@ -448,13 +450,14 @@ def load(source, options):
             contextlib.nullcontext(PreparedGguf(path, pool.submit(gguf_tokenizer_dir, path))) if path.is_file()
             else preparing_gguf(name, options.progress)) as prepared:
         tokenizer = pool.submit(_tokenizer, prepared)  # after gguf_tokenizer_dir: one worker takes them in turn
-        run = prepared.path
-        if options.lean_gguf:
-            from ..models.lean_gguf import lean_gguf
+        if options.lean_gguf:  # a draft: on the lean copy of its file where that drafts faster here
+            from ..models.lean_gguf import open_draft
 
             progress = options.progress if callable(options.progress) else None  # a bool means no callback
-            run = lean_gguf(prepared.path, keywords.get("n_threads"), progress)
-        model = LlamaCppBackend(run, name=name, **keywords)
+            model = open_draft(prepared.path, keywords.get("n_threads") or _cores(),
+                               lambda run: LlamaCppBackend(run, name=name, **keywords), progress)
+        else:
+            model = LlamaCppBackend(prepared.path, name=name, **keywords)
         tokenizer = tokenizer.result()
     if tokenizer is not None and len(tokenizer) < model.n_vocab:
         # An embedding padded past the tokenizer: logits of ids that no text can produce are dropped, as the

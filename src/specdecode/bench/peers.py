@@ -2,8 +2,9 @@
 
 - transformers' methods: our target and draft (--peer-models same), or copies loaded as a transformers user loads
   them (stock: plain weights, no prepacking, no draft quantization), whatever backend ours run on;
-- llama.cpp's methods: the GGUF files of the target and draft (ours when they run on llama.cpp, else the GGUF of a
-  built-in model or a .gguf file), the threads, and the llama-speculative binary.
+- llama.cpp's methods: the GGUF files of the target and draft (the files ours run when they run on llama.cpp, the
+  draft's lean Q4_0 copy included, else the GGUF of a built-in model or a .gguf file), the threads, and the
+  llama-speculative binary.
 With --draft suffix+MODEL the peers that run a draft model run MODEL (they have no suffix drafter).
 """
 
@@ -45,24 +46,39 @@ def stock_models(peer_models: str, opts, methods, sanity: bool, ours: str):
 
 
 def llama_setup(opts, target_model, draft_model, methods, binary: str | None, sanity: bool) -> LlamaPeerSetup | None:
-    """The GGUF files and threads llama.cpp's methods run on: ours when they run on llama.cpp, else the GGUF of a
-    built-in model or .gguf file (None for anything else: those methods are then left out)."""
+    """The GGUF files and threads llama.cpp's methods run on: the files ours run when they run on llama.cpp (a
+    draft's lean Q4_0 copy where ours drafts on it: models/lean_gguf.py), else the GGUF of a built-in model or .gguf
+    file (None for anything else: those methods are then left out)."""
+    from ..models.lean_gguf import source_of
     from .llamacpp_peers import default_threads, gguf_file
 
     if not _runs_on(methods, LLAMACPP):
         return None
 
     def gguf(name, loaded):
-        if getattr(loaded, "backend", None) == "llamacpp":
-            return loaded.path
-        path = gguf_file(name, progress=False)
+        ours = file_run(loaded)
+        path = ours if ours is not None else gguf_file(name, progress=False)
         return str(path) if path is not None else None
 
-    draft = None
+    draft, draft_is = None, None
     if opts.draft_model is not None and draft_model is not None and not sanity:  # suffix+MODEL: MODEL's file
         draft = gguf(opts.draft_model, draft_model)
-    return LlamaPeerSetup(target_gguf=gguf(opts.target, target_model), draft_gguf=draft,
+        original = source_of(draft) if draft is not None else None
+        draft_is = (None if draft is None else f"the file ours drafts on: the lean Q4_0 copy of {original}"
+                    if original else "the file ours drafts on" if file_run(draft_model) is not None
+                    else "the draft's GGUF file (ours runs the draft on another backend)")
+    return LlamaPeerSetup(target_gguf=gguf(opts.target, target_model), draft_gguf=draft, draft_gguf_is=draft_is,
                           threads=opts.threads or default_threads(), speculative_binary=binary)
+
+
+def file_run(loaded):
+    """The GGUF file a model of ours runs on llama.cpp (a LoadedModel, or suffix+MODEL's drafter), else None."""
+    part = model_part(loaded)
+    for candidate in (part, getattr(part, "model", None)):
+        path = getattr(candidate, "gguf_path", None)
+        if path is not None:
+            return path
+    return None
 
 
 def model_part(draft):

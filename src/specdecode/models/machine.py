@@ -16,3 +16,8 @@ def machine_name() -> str:
     except OSError:
         pass
     return f"{name}, {os.cpu_count()} cores"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: llama.cpp's threads where none are given (backends/llamacpp_context.py)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -50,6 +50,19 @@ def choose_backend(source, backend: str, options: LoadOptions):
     return get_backend(DEFAULT_BACKEND)
 
 
+def loads_on_llamacpp(name: str, backend: str, device: str) -> bool:
+    """Whether a model would load on llama.cpp, told without loading or importing a backend: a GGUF model (a .gguf
+    file or a built-in name) with backend llamacpp, or auto on the CPU where llama-cpp-python is installed."""
+    import importlib.util
+
+    from ..models.sources import is_gguf, resolve_device
+
+    if backend != AUTO_BACKEND:
+        return backend == "llamacpp" and is_gguf(name)
+    return (is_gguf(name) and resolve_device(device).type == "cpu"
+            and importlib.util.find_spec("llama_cpp") is not None)
+
+
 def load_model(name_or_path, device: str = "cpu", dtype="auto", trust_remote_code: bool = False,
                device_map: str | None = None, quantize: str | None = None, prepack: bool = False,
                progress: Progress | bool | None = None, backend: str = AUTO_BACKEND, threads: int | None = None,

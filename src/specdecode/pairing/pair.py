@@ -143,6 +143,7 @@ def check_options(opts: ModelOptions) -> None:
     if isinstance(opts.tree_width, bool) or not isinstance(opts.tree_width, int) or not 1 <= opts.tree_width <= 16:
         raise OptionError("tree_width", f"tree_width must be an integer 1..16 (1: chains), got {opts.tree_width!r}")
     LoadOptions(device=opts.device, dtype=opts.dtype, device_map=opts.device_map, threads=opts.threads)
+    _check_draft_quantize(opts)
     if opts.draft_with_suffix:
         _check_suffix_model(opts)
     for ref in [opts.target] + ([opts.draft_model] if opts.draft_model else []):
@@ -162,6 +163,21 @@ def _check_suffix_model(opts: ModelOptions) -> None:
         raise OptionError("draft", f"draft {opts.draft!r} needs a draft model after '{SUFFIX_WITH}' (a built-in "
                                    f"name, an HF directory, a .gguf file or a hub id), e.g. "
                                    f"{SUFFIX_WITH}{DEFAULT_DRAFT}")
+
+
+def _check_draft_quantize(opts: ModelOptions) -> None:
+    """int8 and int4 quantize a draft through torch; a GGUF draft on llama.cpp runs as its file is quantized, where
+    they would change nothing, so they are refused there (auto and none apply: models/lean_gguf.py)."""
+    from .loading import loads_on_llamacpp
+
+    value, model = opts.draft_quantize, opts.draft_model or (auto_draft_model(opts) if opts.draft_is_auto else None)
+    if value in ("int8", "int4") and model is not None and not opts.compile and loads_on_llamacpp(
+            model, opts.backend, opts.device if opts.device_map is None else "auto"):
+        raise OptionError("draft_quantize", f"draft_quantize {value} quantizes a draft through torch, and the draft "
+                                            f"{model!r} runs on the llama.cpp backend, as its GGUF is quantized: use "
+                                            f"auto (its heavier matrices re-quantized to Q4_0, where that drafts "
+                                            f"faster here) or none (the file as it is), or backend transformers for "
+                                            f"a torch {value} draft")
 
 
 def _quantization(opts: ModelOptions, option: str) -> str | None:

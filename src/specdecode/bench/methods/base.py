@@ -24,10 +24,12 @@ NOT_MULTI_TURN = ("makes exactly max_new_tokens tokens, past the end of generati
 @dataclass
 class LlamaPeerSetup:
     """What llama.cpp's methods run on: the GGUF files of our target and draft (None when a model is not a GGUF),
-    the threads, and the llama-speculative binary (None: that method is not run)."""
+    what the draft's file is in words (draft_gguf_is: ours, or its lean copy ours drafts on), the threads, and the
+    llama-speculative binary (None: that method is not run)."""
 
     target_gguf: str | None
     draft_gguf: str | None = None
+    draft_gguf_is: str | None = None
     threads: int | None = None
     speculative_binary: str | None = None
 
