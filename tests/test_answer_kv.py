@@ -89,6 +89,35 @@ def test_llamacpp_a_request_arriving_mid_prefill_prefills_what_is_left(smol_path
     assert _idle(warm, 64) == []  # the new turn's entry covers the old one, which went
 
 
+def test_llamacpp_a_request_arriving_stops_the_chunk_under_way_and_the_answers_stay_the_cold_ones(smol_path):
+    """A request must not wait for the idle prefill: once abort_when() is true llama.cpp stops the chunk between
+    two graph nodes, the parked answer keeps what it had, and later chunks and turns compute a cold run's numbers."""
+    from specdecode.backends.base import Interrupted
+
+    system = _tokens(100, 49000, seed=8)
+    warm, cold = _llama(smol_path, 2, 100_000, "prefill"), _llama(smol_path)
+    said = _run(warm, system, 256, 300).token_ids[0]
+    session, asked = warm.session(prefill_tokens_per_step=256), []
+
+    def arrived():  # a request arrives a few graph nodes into the chunk
+        asked.append(1)
+        return len(asked) > 3
+
+    with pytest.raises(Interrupted):
+        session.idle_prefill(arrived)
+    assert len(asked) == 4  # asked between nodes, and stopped at the first true
+    assert warm.prefix_cache.stats.idle_prefilled_tokens == 0
+    question = system + said + _tokens(60, 49000, seed=9)
+    stopped_at_once = warm.session(prefill_tokens_per_step=256)
+    with pytest.raises(Interrupted):
+        stopped_at_once.idle_prefill(lambda: True)
+    chunks = _idle(warm, 256)  # done again once idle, from the prompt's last whole block, in a cold prefill's cuts
+    assert chunks[0] == 256 - 64 and sum(chunks) == warm.prefix_cache.stats.idle_prefilled_tokens
+    got = _run(warm, question, 256)
+    assert got.row_stats[0].cached_tokens >= 384
+    _assert_same(got, _run(cold, question, 256))
+
+
 def test_llamacpp_an_answer_within_its_prompts_last_block_is_left_alone(smol_path):
     """An answer that does not reach the next 64-token block would be lent no further: no idle work for it."""
     system = _tokens(300, 49000, seed=7)

@@ -69,6 +69,12 @@ def test_the_workloads_and_their_checks():
     assert quoting[1].messages(["FIRST ANSWER"])[1] == {"role": "assistant", "content": "FIRST ANSWER"}
     assert "def bisect_right(" in rows["edit: rename"][0].messages([])[1]["content"]  # a real module, read at run time
     assert rows["json schema"][0].extra["response_format"]["type"] == "json_schema"
+    # the tool loop's ask is one the file it has read does not meet already, so the answer is the file written back
+    agent = rows["agent tool loop"][0].messages([])
+    ask, source = agent[1]["content"], agent[-1]["content"]
+    line = ask.split("`")[1]
+    assert line.startswith("# ") and line not in source and "def bisect_right(" in source
+    assert "write_file" in ask and rows["agent tool loop"][0].extra["tool_choice"] == "required"
     with pytest.raises(ValueError, match="temperature must be 0"):
         MatrixSettings(url="x", temperature=0.7)
     with pytest.raises(ValueError, match="unknown matrix workload"):

@@ -13,6 +13,11 @@ from typing import Callable, Protocol
 import torch
 
 
+class Interrupted(RuntimeError):
+    """A forward stopped before its end because other work came first (an idle prefill when a request arrives): the
+    tokens it was writing are not in the cache; what was there before it is untouched."""
+
+
 class ModelBackend(Protocol):
     vocab_size: int  # width of the logits returned (the vocabulary shared with the other model)
     device: torch.device
@@ -147,14 +152,16 @@ def reusable_prefix(backend, length: int, matched: int, budget: int | None) -> i
     return max(0, min(matched, length - 1))
 
 
-def prefill_parked(backend, handle, start: int, ids: list[int]):
+def prefill_parked(backend, handle, start: int, ids: list[int], abort_when: Callable[[], bool] | None = None):
     """A parked row's KV (a handle of `park`) with its tokens from `start` on replaced by ids, prefilled as a row of
     this backend prefills them (one forward that wants the last logits only, cut as the backend cuts a prefill);
     the handle that holds the result. A backend may do it in place (llama.cpp: the parked sequence); otherwise a
-    fork takes the first `start` tokens, prefills, and is parked."""
+    fork takes the first `start` tokens, prefills, and is parked. abort_when: a backend that can stop a forward
+    midway (llama.cpp) stops once it is true and raises Interrupted, the handle then holding its first `start`
+    tokens; the others run the forward to its end."""
     own = getattr(backend, "prefill_parked", None)
     if own is not None:
-        return own(handle, start, ids)
+        return own(handle, start, ids, abort_when)
     fork = backend.fork(1)
     if start:
         fork.load_prefixes([(handle, start)])

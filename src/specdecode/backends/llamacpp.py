@@ -38,11 +38,13 @@ import contextlib
 import os
 import weakref
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
 from . import register_backend
+from .base import Interrupted
 from ..exact.token_tree import children, depths
 from .llamacpp_context import _Context, _ParkedSequence, _RunningSequence, _cores, _end_of_generation_ids, _open
 from .llamacpp_layout import FA_TILE, SPLIT_ATTENTION_FROM, chunks, layout, reusable_prefix
@@ -288,18 +290,27 @@ class LlamaCppBackend:
             lib.llama_memory_seq_rm(memory, self._seqs[b], n, -1)
             self._lengths[b] = n
 
-    def prefill_parked(self, handle: _ParkedSequence, start: int, ids: list[int]) -> _ParkedSequence:
+    def prefill_parked(self, handle: _ParkedSequence, start: int, ids: list[int],
+                       abort_when: Callable[[], bool] | None = None) -> _ParkedSequence:
         """In place (the prefix cache's idle prefill of an answer): the parked sequence forgets its tokens from
         `start` on and prefills ids there through the decode calls a row's prefill makes; no spare sequence, no
-        copy of the KV stream."""
+        copy of the KV stream. abort_when: checked by llama.cpp between graph nodes; once true the prefill stops
+        within milliseconds, the sequence keeps its first `start` tokens and Interrupted is raised (a request that
+        arrives meanwhile waits for no chunk)."""
         if not 0 <= start <= handle.length:
             raise ValueError(f"a parked sequence of {handle.length} tokens cannot be prefilled from {start}")
-        self._shared.lib.llama_memory_seq_rm(self._shared.memory, handle.seq, start, -1)
+        shared = self._shared
+        shared.lib.llama_memory_seq_rm(shared.memory, handle.seq, start, -1)
         handle.length = start
         row = object.__new__(type(self))  # a one-row view of the parked sequence, owned by the handle still
         row.__dict__.update(self.__dict__)
         row._seqs, row._lengths = [handle.seq], [start]
-        row.forward(torch.tensor([ids], dtype=torch.long), last_only=True)
+        try:
+            with shared.interruptible(abort_when) if abort_when is not None else contextlib.nullcontext():
+                row.forward(torch.tensor([ids], dtype=torch.long), last_only=True)
+        except Interrupted:  # the chunks it finished and the one it stopped in go: the sequence is as it was
+            shared.lib.llama_memory_seq_rm(shared.memory, handle.seq, start, -1)
+            raise
         handle.length = row._lengths[0]
         return handle
 

@@ -3,6 +3,7 @@ buffers, the prefix cache's parked sequences, and opening a GGUF file (through l
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .base import Interrupted
 from .huge_pages import HugePages, anonymous_regions
 
 _BACKEND_READY = False
@@ -96,6 +98,7 @@ class _Context:
         self._views: dict[tuple, np.ndarray] = {}  # (address, rows, width) -> a view of llama.cpp's output buffer
         self.huge_pages = HugePages([])  # the collapse of its memory into huge pages (_open starts it)
         self.before_free: list = []  # called before llama.cpp frees the context and model
+        self.abort_when = None  # while interruptible() runs: what llama.cpp asks between graph nodes
         if llama is None:
             weakref.finalize(self, _free, lib, ctx, model, self.before_free)
 
@@ -144,6 +147,20 @@ class _Context:
         if seq in self.holds:
             self.lib.llama_memory_seq_rm(self.memory, self.holds.pop(seq)[0], -1, -1)
 
+    @contextlib.contextmanager
+    def interruptible(self, abort_when):
+        """Decodes inside may stop between two graph nodes (milliseconds) once abort_when() is true: llama_decode
+        then returns 2 and decode() raises Interrupted. The callback is installed only here (each call into it takes
+        the GIL: never on a step's forward), and removed after."""
+        callback = self.lib.ggml_abort_callback(lambda _data: bool(abort_when()))
+        self.abort_when = abort_when
+        self.lib.llama_set_abort_callback(self.ctx, callback, None)
+        try:
+            yield
+        finally:
+            self.lib.llama_set_abort_callback(self.ctx, self.lib.ggml_abort_callback(), None)
+            self.abort_when = None
+
     def decode(self, tokens, pos, seq, outputs) -> None:
         """One llama_decode; seq: a sequence id per token, or (a token tree) a list of them per token."""
         if isinstance(seq, list):
@@ -154,6 +171,8 @@ class _Context:
             self.llama.n_tokens = 0
             self.llama._requires_eval = True
         code = self.lib.llama_decode(self.ctx, self.batch.struct)
+        if code == 2 and self.abort_when is not None:
+            raise Interrupted(f"llama_decode was interrupted on {len(tokens)} tokens: other work came first")
         if code == 1:
             raise RuntimeError(f"llama.cpp found no room in its KV cache for {len(tokens)} tokens: build the backend "
                                f"with a larger n_ctx")

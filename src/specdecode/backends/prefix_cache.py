@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from .base import caches_prefixes, prefill_parked, reusable_prefix
+from .base import Interrupted, caches_prefixes, prefill_parked, reusable_prefix
 
 MIN_REUSE = 16  # shorter matches are not worth a copy
 ANSWER_KV = ("prefill", "lend", "off")  # what a parked answer's KV is worth: see the module's doc
@@ -179,8 +179,9 @@ class PrefixCache:
         self.entries.append(_Entry(new, handle, self._clock, exact, goal))
         self.stats.inserted += 1
 
-    def prefill_answer(self, backend, budget: int | None) -> int:
-        """Idle work, one chunk per call (so that a request arriving meanwhile waits for one chunk at most): the
+    def prefill_answer(self, backend, budget: int | None, abort_when: Callable[[], bool] | None = None) -> int:
+        """Idle work, one chunk per call (so that a request arriving meanwhile waits for one chunk at most, and for
+        none where the backend stops a forward once abort_when() is true: Interrupted, the entry as it was): the
         oldest parked answer whose KV came from decode steps is prefilled again, in place, from the longest prefix
         of its entry after which that prefill computes what a cold prefill of a later prompt re-sending it would
         (reusable_prefix), in a cold prefill's chunks (cuts at multiples of `budget`, the prefill tokens per step,
@@ -190,18 +191,20 @@ class PrefixCache:
             return 0
         if entry.render is not None:
             self._retarget(entry)
-            return self.prefill_answer(backend, budget)
+            return self.prefill_answer(backend, budget, abort_when)
         length = len(entry.tokens)
         if not entry.started:
             start = self._refill_start(backend, entry, budget)
             if start is None:
                 entry.goal = entry.exact
-                return self.prefill_answer(backend, budget)
+                return self.prefill_answer(backend, budget, abort_when)
             entry.exact, entry.started = start, True
         start, step = entry.exact, budget or IDLE_CHUNK
         end = min(length, start + step - start % step)
         try:
-            entry.handle = prefill_parked(backend, entry.handle, start, entry.tokens[start:end].tolist())
+            entry.handle = prefill_parked(backend, entry.handle, start, entry.tokens[start:end].tolist(), abort_when)
+        except Interrupted:  # stopped cleanly: its KV holds its first `start` tokens, the chunk is done again later
+            raise
         except BaseException:  # its KV may be half written: it goes
             self.entries.remove(entry)
             raise

@@ -1,6 +1,6 @@
 """`specdecode bench serve --workload matrix`: our server against llama.cpp's own server at its best, on a matrix of
 the workloads CPU users run: novel code, whole-file edits of two kinds (a change every few lines; a rename), a chat
-that quotes its earlier answer, a JSON-schema answer, and an agent's tool loop that rewrites a file it has read.
+that quotes its earlier answer, a JSON-schema answer, and an agent's tool loop that writes back a file it has read.
 
 The peers: llama-server (llama_server.py) on the same GGUF, threads and context, started here once per mode: plain and
 each `--spec-type` asked for (ngram-mod, ngram-map-k, ngram-simple, ngram-cache, draft-simple with a draft GGUF, ...),
@@ -91,7 +91,10 @@ def workloads() -> dict[str, list[Turn]]:
             "parameters": {"type": "object", "required": ["path"], "properties": {"path": {"type": "string"}}}}}]
     agent_messages = [
         {"role": "system", "content": "You are a coding agent. Use the tools to read and write files."},
-        {"role": "user", "content": f"Add a one-line module docstring at the top of {name}, changing nothing else."},
+        # an ask the file does not meet already (bisect.py has a docstring), so that every server writes the whole
+        # file back: the copy an agent's edit is
+        {"role": "user", "content": f"Add the line `# Edited by the agent.` at the top of {name}, changing nothing "
+                                    f"else. Write the whole new file with write_file."},
         {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
             "name": "read_file", "arguments": json.dumps({"path": name})}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": text}]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -470,13 +471,14 @@ class DecodingSession:
         self.layout.apply(RowChange(keep, tuple(r.text for r in rows), joined.hidden), joined.fork, joined.batch)
         return events
 
-    def idle_prefill(self) -> int:
+    def idle_prefill(self, abort_when: Callable[[], bool] | None = None) -> int:
         """Work for an idle server (an agent runs its tools between turns): one chunk of a parked answer's prefill,
         after which the next turn takes the answer from the cache, exactly (PrefixCache.prefill_answer). The tokens
-        prefilled; 0 when there are none to do, or while rows run or wait."""
+        prefilled; 0 when there are none to do, or while rows run or wait. abort_when (a request has arrived): a
+        backend that can stop a forward midway does, and Interrupted is raised (backends.base)."""
         if self.prefix_cache is None or not self.idle:
             return 0
-        return self.prefix_cache.prefill_answer(self.target, self.prefill_tokens_per_step)
+        return self.prefix_cache.prefill_answer(self.target, self.prefill_tokens_per_step, abort_when)
 
     def result(self, indices: list[int] | None = None) -> GenerationResult:
         """The GenerationResult of these rows (all by default), with the session's statistics."""

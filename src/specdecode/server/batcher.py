@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..backends.base import Interrupted
 from ..engine.params import GenerationParams, takes_params_keywords
 from ..engine.results import GenerationResult, Stats
 
@@ -319,7 +320,10 @@ class Batcher:
         worker waits for requests. A failure there drops only that cached answer (the prefix cache does) and is
         logged: no request is in the session; the rest waits for the next request's end."""
         try:
-            self._idle_work = self.session.idle_prefill() > 0
+            # a request that arrives stops the chunk within milliseconds (llama.cpp) instead of waiting for it
+            self._idle_work = self.session.idle_prefill(lambda: bool(self._pending) or self._stopping) > 0
+        except Interrupted:
+            self._idle_work = True  # the chunk is done again once the server is idle
         except Exception:
             self._idle_work = False
             log.exception("idle prefill of a cached answer failed")
