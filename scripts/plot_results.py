@@ -5,6 +5,7 @@
     python scripts/plot_results.py --out DIR  # the figures into DIR instead
     python scripts/plot_results.py --matrix peer-matrix-xeon.json   # a matrix run's table (the results page's)
     python scripts/plot_results.py --aider aider-edits-amd-epyc-avx512.json   # an aider run's table
+    python scripts/plot_results.py --corpus corpus-amd-epyc-avx512.json   # a `bench serve --workload corpus` run's
 
 Every number comes from a file of docs/results/; what a file does not say (the hardware, the peer, the date, the
 command that made it) is written next to it here, once, and printed with it. tests/test_docs_results.py checks that
@@ -197,6 +198,17 @@ def aider_row(source: str) -> Row:
     return Row(EPYC, f"aider: {len(edits)} whole-file edits of bisect.py", "`specdecode serve` defaults",
                "llama-server's fastest mode per edit", ours, best, "s",
                "2026-12-04", "`python scripts/aider_edit_check.py --aider PATH --rounds 2`", source)
+
+
+def corpus_table(source: str) -> str:
+    """A `bench serve --workload corpus` run (its file of docs/results/) as the results page shows it, under the CPU
+    it ran on."""
+    from specdecode.bench.corpus_run import markdown_table
+
+    report = load(source)
+    config = report["config"]
+    return (f"{config['hardware']}, llama.cpp {config['threads']} threads, {config['rounds']} rounds, seconds a "
+            f"request to its last token (TTFT):\n\n" + markdown_table(report))
 
 
 def summary_table(dated: bool = True) -> str:
@@ -406,12 +418,13 @@ def main() -> None:
     parser.add_argument("--undated", action="store_true", help="with --table: the README's table, without dates")
     parser.add_argument("--matrix", metavar="FILE", help="print the table of a matrix run (a file of docs/results/)")
     parser.add_argument("--aider", metavar="FILE", help="print the table of an aider run (a file of docs/results/)")
+    parser.add_argument("--corpus", metavar="FILE", help="print the table of a corpus run (a file of docs/results/)")
     parser.add_argument("--out", type=Path, default=IMG, help="the folder the figures go to (default docs/img)")
     parser.add_argument("--only", nargs="*", choices=sorted(FIGURES), help="only these figures")
     args = parser.parse_args()
-    if args.table or args.matrix or args.aider:
+    if args.table or args.matrix or args.aider or args.corpus:
         print(matrix_table(args.matrix) if args.matrix else aider_table(args.aider) if args.aider
-              else summary_table(dated=not args.undated))
+              else corpus_table(args.corpus) if args.corpus else summary_table(dated=not args.undated))
         return
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only or FIGURES:

@@ -14,7 +14,7 @@ import typer
 from .bench_serve_agent import PeerOptions, chat_with_llama_server, run_agent
 from .common import CLIError, out, user_errors
 
-WORKLOADS = ("completions", "multi-turn", "shared-system", "edit", "agent", "matrix")
+WORKLOADS = ("completions", "multi-turn", "shared-system", "edit", "agent", "matrix", "corpus")
 
 
 def bench_serve(
@@ -35,7 +35,12 @@ def bench_serve(
                                  "matrix: novel code, two whole-file edits, a chat quoting its answer, a JSON schema "
                                  "and an agent's tool loop on our server and on llama-server (--llama-server, "
                                  "--peer-gguf) plain and in each --spec-types mode, started here: decode rates, "
-                                 "the best peer mode per workload, our ratios."),
+                                 "the best peer mode per workload, our ratios; corpus: whole-file edits of real "
+                                 "modules read from the installed standard library and site-packages, and chat "
+                                 "questions of six kinds, back to back and with a think-time, on our server "
+                                 "(--serve) and llama-server plain and in each --spec-types mode, one at a time, "
+                                 "fresh each round: seconds to the last token and TTFT per request, our ratio to "
+                                 "the best peer per kind (min/median/max over --rounds)."),
     server: Optional[List[str]] = typer.Option(None, "--server", help="agent: one of our servers as NAME=URL "
                                                "(repeatable; default: ours=--url). A server named plain (start it "
                                                "with --draft none) is the reference of the same-text check."),
@@ -105,16 +110,33 @@ def bench_serve(
                                         "own)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECDECODE_API_KEY",
                                           help="Sent as 'Authorization: Bearer KEY'."),
-    timeout: float = typer.Option(120.0, "--timeout", help="Seconds a request may take before it counts as failed."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds a request may take before it counts as "
+                                            "failed (default 120; corpus: 900)."),
     duration: Optional[float] = typer.Option(None, "--duration", help="Send no new request after this many seconds."),
     seed: int = typer.Option(0, "--seed", help="Seed of the Poisson arrival times."),
-    spec_types: Optional[str] = typer.Option(None, "--spec-types", help="matrix: llama-server's speculative modes "
-                                             "to start beside its plain one, comma-separated (default: ngram-mod, "
-                                             "ngram-map-k, ngram-simple, ngram-cache, draft-simple)."),
-    draft_gguf: Optional[str] = typer.Option(None, "--draft-gguf", help="matrix: the draft GGUF of llama-server's "
-                                             "draft-* modes (a path or a built-in model name, e.g. "
+    spec_types: Optional[str] = typer.Option(None, "--spec-types", help="matrix, corpus: llama-server's speculative "
+                                             "modes to start beside its plain one, comma-separated (default: "
+                                             "ngram-mod, ngram-map-k, ngram-simple, ngram-cache, draft-simple; "
+                                             "corpus: draft-simple only with --draft-gguf)."),
+    draft_gguf: Optional[str] = typer.Option(None, "--draft-gguf", help="matrix, corpus: the draft GGUF of "
+                                             "llama-server's draft-* modes (a path or a built-in model name, e.g. "
                                              "qwen2.5-coder-0.5b-instruct)."),
     only: Optional[str] = typer.Option(None, "--only", help="matrix: only these workloads, comma-separated."),
+    serve: Optional[str] = typer.Option(None, "--serve", help="corpus: start our server for each round instead of "
+                                        "using --url: `specdecode serve` with these arguments (one quoted string, "
+                                        "e.g. \"--threads 2\"; on 127.0.0.1 and a free port)."),
+    rounds: Optional[int] = typer.Option(None, "--rounds", help="corpus: rounds, every server started afresh "
+                                         "for each (default 3)."),
+    modules: Optional[int] = typer.Option(None, "--modules", help="corpus: modules to edit, one edit each, the "
+                                          "edit kinds in turn (default 12; 0: no edits)."),
+    edit_kinds: Optional[str] = typer.Option(None, "--edit-kinds", help="corpus: edit kinds, comma-separated "
+                                             "(default: rename,type hints,docstrings,delete,constant)."),
+    chat_kinds: Optional[str] = typer.Option(None, "--chat-kinds", help="corpus: chat kinds, comma-separated "
+                                             "(default: factual,explanation,code,translation,summary,follow-up; "
+                                             "'' for none)."),
+    think_s: Optional[float] = typer.Option(None, "--think-s", help="corpus: seconds before each request of the "
+                                            "chats' second pass and before each edit (default 2; 0: the chats "
+                                            "only back to back)."),
     json_path: Optional[str] = typer.Option(None, "--json", help="Write the report (JSON) to this file."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Write a figure (PNG) of the latencies to this file."),
 ) -> None:
@@ -132,8 +154,11 @@ def bench_serve(
                  "--peer-context": peer_context, "--tool-latency": tool_latency, "--steer": steer or None,
                  "--plain": plain or None, "--no-function-calling": None if function_calling else True,
                  "--no-client-parses-calls": None if client_parses_calls else True, "--spec-types": spec_types,
-                 "--draft-gguf": draft_gguf, "--only": only}
+                 "--draft-gguf": draft_gguf, "--only": only, "--serve": serve, "--rounds": rounds,
+                 "--modules": modules, "--edit-kinds": edit_kinds, "--chat-kinds": chat_kinds, "--think-s": think_s}
         _check_options(workload, given)
+        if timeout is None:
+            timeout = 900.0 if workload == "corpus" else 120.0
         common = dict(url=url, temperature=temperature, model=model, api_key=api_key, timeout_s=timeout,
                       duration_s=duration)
         if max_tokens is not None:  # else each workload's default
@@ -152,6 +177,11 @@ def bench_serve(
 
             run_matrix_cmd(common, peers, ",".join(SPEC_MODES) if spec_types is None else spec_types, draft_gguf,
                            only, json_path, plot)
+        elif workload == "corpus":
+            from .bench_serve_corpus import CorpusOptions, run_corpus_cmd
+
+            run_corpus_cmd(common, peers, spec_types, draft_gguf,
+                           CorpusOptions(serve, rounds, modules, edit_kinds, chat_kinds, think_s), json_path)
         elif workload == "edit":
             from ..bench.serve_edit import EditBenchSettings, bench_edit
 
@@ -196,6 +226,8 @@ def _run_completions(common: dict, prompts: str, num_requests: int, concurrency:
 _PEERS = {"--peer-gguf", "--llama-server", "--threads", "--peer-context"}
 _APPLIES = {"completions": {"--rate", "--plot", "--num-requests", "--concurrency", "--min-max-tokens"},
             "matrix": {"--spec-types", "--draft-gguf", "--only", "--plot"} | _PEERS,
+            "corpus": {"--spec-types", "--draft-gguf", "--serve", "--rounds", "--modules", "--edit-kinds",
+                       "--chat-kinds", "--think-s"} | _PEERS,
             "multi-turn": {"--conversations", "--turns", "--system-prompt"} | _PEERS,
             "shared-system": {"--system-prompt", "--num-requests", "--concurrency"} | _PEERS,
             "edit": {"--nb-prompts", "--follow-up", "-k"},
