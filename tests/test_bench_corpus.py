@@ -293,7 +293,7 @@ def test_the_command_on_a_fresh_server_of_ours_each_round_and_stand_in_peers(tin
     assert [r["kind"] for r in ours if r["round"] == 1] == [*kinds[:2] * 2, *kinds[2:4] * 2, kinds[4]]
     for row in report["requests"]:  # every request's raw times
         assert row["ok"] and 0 < row["ttft_s"] <= row["seconds"] and row["output_tokens"] > 0, row
-    assert all(r["output_tokens"] <= 12 for r in ours)
+    assert all(r["output_tokens"] <= 12 and r["hit_max_tokens"] == (r["output_tokens"] == 12) for r in ours)
     first, second = [r for r in ours if r["round"] == 1 and r["task"] == "follow-up 1"][:2]
     assert second["prompt_tokens"] > first["prompt_tokens"]  # the follow-up carries the first answer
     edit = next(r for r in ours if r["kind"] == "edit: rename")

@@ -27,6 +27,7 @@ import asyncio
 import hashlib
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, ContextManager
 
@@ -83,11 +84,12 @@ def _body(settings: CorpusSettings, messages: list[dict], max_tokens: int) -> di
             "stream_options": {"include_usage": True}}
 
 
-def _row(record: RequestRecord, **where) -> dict:
+def _row(record: RequestRecord, max_tokens: int, **where) -> dict:
     seconds = record.latency_s if record.ok else None
     return {**where, "ok": record.ok, "status": record.status, "error": record.error,
             "ttft_s": record.ttft_s if record.ok else None, "seconds": seconds,
             "last_token_s": record.last_token_s, "output_tokens": record.output_tokens,
+            "hit_max_tokens": record.ok and record.output_tokens >= max_tokens,  # cut short, not at its end
             "prompt_tokens": record.prompt_tokens, "cached_tokens": record.cached_tokens,
             "tok_s": record.output_tokens / seconds if seconds else None, "speculative": record.speculative,
             "text": record.text}
@@ -112,7 +114,7 @@ async def session(settings: CorpusSettings, url: str, where: dict, edits: list[E
                 for turn, messages in enumerate(task.turns):
                     await asyncio.sleep(gap)
                     record = await _send(http, settings, messages(answers))
-                    rows.append(_row(record, **where, kind=f"chat: {task.turn_kind(turn)} ({name})",
+                    rows.append(_row(record, settings.max_tokens, **where, kind=f"chat: {task.turn_kind(turn)} ({name})",
                                      task=task.name, turn=turn + 1))
                     if not record.ok:
                         break
@@ -120,7 +122,7 @@ async def session(settings: CorpusSettings, url: str, where: dict, edits: list[E
         for task in edits:
             await asyncio.sleep(settings.think_s)
             record = await _send(http, settings, task.messages())
-            row = _row(record, **where, kind=f"edit: {task.kind}", task=task.module.name, turn=1)
+            row = _row(record, settings.max_tokens, **where, kind=f"edit: {task.kind}", task=task.module.name, turn=1)
             row["check"] = task.check(record.text) if record.ok else None
             rows.append(row)
     return rows, None if warm.ok else warm.error
@@ -225,6 +227,8 @@ def summarize(rows: list[dict], servers: list[str], ours: str = OURS) -> list[di
             (figures[s]["ttft_s"] for s in peers if figures[s]["ttft_s"] is not None), default=None)
         row["ttft_minus_best_peer_s"] = None if ttft is None or best_ttft is None else ttft - best_ttft
         checks = [r for r in rows if r["kind"] == kind and r.get("check") is not None]
+        cut = Counter(r["server"] for r in rows if r["kind"] == kind and r.get("hit_max_tokens"))
+        row["hit_max_tokens"] = dict(cut)
         if kind.startswith("edit: "):
             row["as_asked"] = {s: [sum(r["check"]["as_asked"] for r in checks if r["server"] == s),
                                    sum(1 for r in rows if r["kind"] == kind and r["server"] == s)] for s in servers}

@@ -145,6 +145,10 @@ def print_corpus(report: dict) -> None:
         parts = [f"{name} {value:.2f}x" for name, value in report["overall"].items() if value is not None]
         if parts:
             out.print("median of the kinds' median ratios to the best peer: " + ", ".join(parts), markup=False)
+    cut = {row["kind"]: row["hit_max_tokens"] for row in report["summary"] if row.get("hit_max_tokens")}
+    if cut:
+        out.print(f"[yellow]answers stopped at max_tokens {config['max_tokens']}, not at their end (their times "
+                  f"are of a part of the answer): {escape(str(cut))}[/yellow]", markup=True)
     for row in report["requests"]:
         if not row["ok"]:
             out.print(f"[yellow]round {row['round']}, {row['server']}, {row['kind']}, {row['task']}: "
