@@ -129,11 +129,18 @@ async def session(settings: CorpusSettings, url: str, where: dict, edits: list[E
 
 
 def run_corpus(settings: CorpusSettings, servers: dict[str, Callable[[], ContextManager]],
-               log: Callable[[str], None] = print) -> dict:
+               log: Callable[[str], None] = print, progress: Callable[[dict], None] | None = None) -> dict:
     """Every task on every server (name -> a maker of a context manager whose value has `.url`: it starts the
-    server and stops it), each server alone and started afresh, for settings.rounds rounds."""
+    server and stops it), each server alone and started afresh, for settings.rounds rounds. progress(report so
+    far) after each server's session: a run of hours keeps what it measured if it is stopped."""
     edits, chats = tasks(settings)
     names, rows, sessions = list(servers), [], []
+    report = {"config": {"servers": names, "rounds": settings.rounds, "max_tokens": settings.max_tokens,
+                         "think_s": settings.think_s, "passes": [name for name, _ in settings.passes()],
+                         "edit_kinds": list(settings.edit_kinds), "chat_kinds": list(settings.chat_kinds)},
+              "modules": [module_row(task) for task in edits],
+              "chats": [{"kind": task.kind, "name": task.name, "turns": len(task.turns)} for task in chats],
+              "sessions": sessions, "requests": rows, "summary": []}
     for r in range(settings.rounds):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
@@ -149,12 +156,10 @@ def run_corpus(settings: CorpusSettings, servers: dict[str, Callable[[], Context
             rows += got
             log(f"round {r + 1}/{settings.rounds}, {name}: {len(ok)}/{len(got)} requests, "
                 f"{sessions[-1]['seconds']:.1f} s" + (f", warm-up failed: {warm_error}" if warm_error else ""))
-    return {"config": {"servers": names, "rounds": settings.rounds, "max_tokens": settings.max_tokens,
-                       "think_s": settings.think_s, "passes": [name for name, _ in settings.passes()],
-                       "edit_kinds": list(settings.edit_kinds), "chat_kinds": list(settings.chat_kinds)},
-            "modules": [module_row(task) for task in edits],
-            "chats": [{"kind": task.kind, "name": task.name, "turns": len(task.turns)} for task in chats],
-            "sessions": sessions, "requests": rows, "summary": summarize(rows, names)}
+            report["summary"] = summarize(rows, names)
+            if progress is not None:
+                progress(report)
+    return report
 
 
 def module_row(task: EditTask) -> dict:

@@ -86,15 +86,22 @@ def run_corpus_cmd(common: dict, peers: PeerOptions, spec_types: Optional[str], 
         for mode in modes:
             servers["llama-server" if mode == "plain" else f"llama-server {mode}"] = functools.partial(
                 LlamaServer, binary, gguf, threads, context, extra_args=args[mode])
+    about = dict(hardware=cpu_name(), threads=threads, peer_gguf=gguf, draft_gguf=draft, peer_context=context,
+                 modes={m: list(a) for m, a in args.items()}, serve=options.serve,
+                 ours_fresh_each_round=options.serve is not None,
+                 url=None if options.serve is not None else common["url"])
+
+    def finish(report: dict) -> dict:
+        report["config"].update(about)
+        report["overall"] = overall(report["summary"])
+        return report
+
     try:
-        report = run_corpus(settings, servers, log=lambda line: out.print(line, markup=False))
+        report = finish(run_corpus(settings, servers, log=lambda line: out.print(line, markup=False),
+                                   progress=(lambda partial: write_report(finish(partial), json_path))
+                                   if json_path else None))
     except ValueError as e:  # too few modules admit the edits asked for
         raise CLIError(str(e)) from None
-    report["config"].update(hardware=cpu_name(), threads=threads, peer_gguf=gguf, draft_gguf=draft,
-                            peer_context=context, modes={m: list(a) for m, a in args.items()},
-                            serve=options.serve, ours_fresh_each_round=options.serve is not None,
-                            url=None if options.serve is not None else common["url"])
-    report["overall"] = overall(report["summary"])
     print_corpus(report)
     if json_path:
         write_report(report, json_path)
