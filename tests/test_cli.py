@@ -525,13 +525,13 @@ def test_model_package_not_installed(fake_registered, tiny_model_dirs):
 
 def test_a_draft_of_another_tokenizer_drafts_through_its_text(tiny_model_dirs, other_vocab_dir, target_only):
     """--draft MODEL whose tokenizer differs from the target's (drafters/cross_vocab.py): the target's greedy text."""
-    args = ["generate", "def quicksort(arr):", "-n", 8, "--ignore-eos", "--json", "-k", 2]
-    cross = ["--target", tiny_model_dirs["target"], "--draft", other_vocab_dir, *FAST]
+    args = ["generate", "def quicksort(arr):", "-n", 8, "--ignore-eos", "--json"]
+    cross = ["--target", tiny_model_dirs["target"], "--draft", other_vocab_dir, *FAST, "-k", 2]
     [spec], [plain] = json_lines(ok(*args, *cross)), json_lines(ok(*args, *target_only))
     assert spec["token_ids"] == plain["token_ids"] and spec["stats"]["proposed_tokens"] > 0
     said = ok("generate", "def f():", "-n", 2, *cross).stderr  # the one line that says so (not under --json)
     assert "has another tokenizer than the target: it drafts through its text" in said
-    checked = ok("verify", *cross, "-k", 2, "--samples", 400, "--positions", 2, "--batch-size", 200, "--threads", 1)
+    checked = ok("verify", *cross, "--samples", 400, "--positions", 2, "--batch-size", 200, "--threads", 1)
     assert "PASS" in checked.stdout  # `verify`'s own exactness check, on the bridged pair
 
 

@@ -14,14 +14,15 @@ import typer
 
 from ..backends import huge_pages
 from ..bench.methods import DEFAULT_METHODS, METHODS, METHOD_CLASSES, default_methods, plain_of
-from ..bench.methods.base import NO_DRAFT
+from ..bench.methods.base import NO_DRAFT, TRANSFORMERS
 from ..bench.methods.llamacpp_speculative import LlamaSpeculative
 from .app import app
+from .applies import refuse_ignored
 from .bench_latency_cmd import latency
 from .bench_output import float_list, fmt, int_list, load_prompt_set, quiet, rate, write_json
 from .bench_serve_cmd import bench_serve
 from .bench_soak_cmd import bench_soak
-from .common import CLIError, backend_name, err, load_pair, out, progress_bar, user_errors
+from .common import CLIError, backend_name, err, flag, load_pair, out, progress_bar, user_errors
 from .options import AUTO_DRAFT, ModelOptions, model_options
 
 bench_app = typer.Typer()  # its help is the docstring of bench() below
@@ -138,6 +139,7 @@ def bench(
         schemas = _schemas(items) if items else None
         chosen = _chosen_methods(methods, llama_speculative, schemas is not None, sessions is not None)
         draft_max = int_list(llama_draft_max, "--llama-draft-max")
+        asked = opts  # what the user gave, before --sanity drops the draft
         if sanity:
             if "auto" in opts.k_values:
                 raise CLIError("--sanity needs a fixed -k (e.g. -k 3): with the draft as costly as the target, "
@@ -154,6 +156,7 @@ def bench(
             multi_turn.check_settings(settings)
         for t in temperatures:
             SamplingParams(t, top_k, top_p)
+        _refuse_ignored(asked, chosen, peer_models, llama_speculative, sanity)
         target_model, draft_model = load_pair(opts, quiet=quiet(json_path), rows=batch_size)
         huge_pages.wait_for(target_model, draft_model)  # time the steady state
         if sanity:
@@ -198,6 +201,24 @@ def bench(
             err.print(f"wrote {plot}", markup=False)
         if sanity and not report["sanity"]["pass"]:
             raise typer.Exit(1)
+
+
+def _refuse_ignored(opts: ModelOptions, chosen: list[str], peer_models: str, llama_speculative: Optional[str],
+                    sanity: bool) -> None:
+    """bench's flags where they would do nothing (cli/applies.py): ours run -k, --method and the suffix's history
+    whatever --draft (specdecode-suffix, multi-turn); transformers' stock peers load their own models."""
+    given = getattr(opts, "given", frozenset())
+    hf = any(METHOD_CLASSES[m].runs_on == TRANSFORMERS for m in chosen)
+    refuse_ignored(opts, free_of_draft=("k", "method", "suffix_history_tokens"),
+                   peer_backends=("transformers",) if hf and peer_models == "stock" else ())
+    if "peer_models" in given and not hf:
+        raise CLIError(f"--peer-models {peer_models} does nothing: no transformers method runs ({', '.join(chosen)}); "
+                       f"add hf-plain or hf-assisted to --methods, or leave it out")
+    if "llama_draft_max" in given and not llama_speculative:
+        raise CLIError("--llama-draft-max does nothing without --llama-speculative PATH (llama.cpp's binary it sets)")
+    if sanity and given & {"temperature", "methods"}:
+        raise CLIError(f"--sanity runs its own methods, greedy: leave out "
+                       f"{' and '.join(flag(n) for n in sorted(given & {'temperature', 'methods'}))}")
 
 
 def _chosen_methods(methods: str, llama_speculative: Optional[str], structured: bool,

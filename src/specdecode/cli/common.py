@@ -136,6 +136,9 @@ def load_pair(opts: ModelOptions, quiet: bool = False, announce: Optional[bool] 
             first_run_waits=first_run_waits)
     if choice is not None and not quiet:  # the first output names what auto chose, and why
         err.print(f"draft: {choice.line()}", markup=False, soft_wrap=True)
+        if choice.uses_model and opts.tree_width > 1:  # known only now: said, not ignored
+            err.print(f"--tree-width {opts.tree_width}: --draft auto chose the draft model, which drafts chains "
+                      f"(token trees are the suffix draft's: --draft suffix)", markup=False, soft_wrap=True)
     if model is not None:
         if opts.compile and not quiet:
             _warm_up_line("draft", model)

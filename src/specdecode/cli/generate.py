@@ -9,8 +9,9 @@ from typing import List, Optional
 import typer
 
 from .app import app
-from .common import (PROVENANCE_STYLES, check_generation_args, chat_ids, err, generator_of, legend, load_pair,
-                     progress_bar, read_prompts, stats_table, use_color, user_errors)
+from .applies import refuse_ignored
+from .common import (PROVENANCE_STYLES, CLIError, check_generation_args, chat_ids, err, generator_of, legend,
+                     load_pair, progress_bar, read_prompts, stats_table, use_color, user_errors)
 from .structure import check_logprobs, logprobs_table, read_structure, token_text
 from .options import AUTO_DRAFT, ModelOptions, SamplingOptions, model_options, sampling_options
 
@@ -150,6 +151,8 @@ def generate(
         params = sampling.generation_params(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=stop or (),
                                             logprobs=logprobs, **structure)  # checked here, before any model loads
         prompts = read_prompts(prompt, prompts_file)
+        refuse_ignored(opts)
+        _refuse_ignored(getattr(opts, "given", ()), prompts_file, batch_size, json_out)
         target_model, draft_model = load_pair(opts, quiet=json_out and not err.is_terminal,
                                               announce=verbose or None, first_run_waits=False)
         gen = generator_of(opts, target_model, draft_model)
@@ -188,6 +191,17 @@ def generate(
             if draft_model is not None and explanation:  # what the policy measured and decided, in its own words
                 chosen = f"draft {opts.draft_choice.line()}; " if opts.draft_choice is not None else ""
                 err.print(f"policy: {chosen}{explanation}", markup=False, soft_wrap=True)
+
+
+def _refuse_ignored(given, prompts_file: Optional[str], batch_size: int, json_out: bool) -> None:
+    """generate's own flags where they would do nothing (the model options': cli/applies.py)."""
+    if "batch_size" in given and batch_size > 1 and prompts_file is None:
+        raise CLIError(f"--batch-size {batch_size} does nothing with one PROMPT: it decodes the prompts of "
+                       f"--prompts-file together; give those, or leave it out")
+    for option in ("echo", "stream"):
+        if option in given and json_out:
+            raise CLIError(f"--{option}/--no-{option} does nothing with --json, whose records hold the prompt and "
+                           f"the whole text apart, each written when done: leave it out")
 
 
 def _decode(gen, batch: list, start: int, printer: _OrderedPrinter | None, advance, params, **overrides):

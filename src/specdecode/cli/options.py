@@ -270,17 +270,35 @@ def _replace_parameter(command, name: str, declared: dict, build):
     params = list(signature.parameters.values())
     params[at:at + 1] = [inspect.Parameter(field, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option,
                                            annotation=annotation) for field, (annotation, option) in declared.items()]
+    # Typer hands the command's context to one parameter of this type: the command's own, else one added here
+    own = [p.name for p in params if p.annotation is typer.Context or str(p.annotation).endswith("typer.Context")]
+    context = own[0] if own else f"_{name}_context"
+    if not own:
+        params.append(inspect.Parameter(context, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         values = {field: kwargs.pop(field) for field in declared}
+        ctx = kwargs.get(context) if own else kwargs.pop(context, None)
         with user_errors():
             built = build(values)
+        if isinstance(built, ModelOptions):  # what the user typed, for cli/applies.py (not a field: no Ray config)
+            built.given = given_on_command_line(ctx)
         return command(*args, **{name: built}, **kwargs)
 
     # Typer reads the parameters from the signature and their types from __annotations__ (strings are resolved in
     # the command's module).
     wrapper.__signature__ = signature.replace(parameters=params)
     annotations = {k: v for k, v in command.__annotations__.items() if k != name}
-    wrapper.__annotations__ = {**annotations, **{field: a for field, (a, _) in declared.items()}}
+    wrapper.__annotations__ = {**annotations, **{field: a for field, (a, _) in declared.items()},
+                               **({} if own else {context: typer.Context})}
     return wrapper
+
+
+def given_on_command_line(ctx) -> frozenset:
+    """The parameters of a command's context given on the command line or from the environment, not defaulted."""
+    if ctx is None:
+        return frozenset()
+    sources = {name: ctx.get_parameter_source(name) for name in (p.name for p in ctx.command.params)}
+    return frozenset(name for name, source in sources.items()
+                     if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "PROMPT"))

@@ -7,6 +7,7 @@ from typing import List, Optional
 import typer
 
 from .app import app
+from .applies import refuse_ignored
 from .common import CLIError, generator_of, load_pair, user_errors
 from .options import AUTO, AUTO_DRAFT, ModelOptions, model_options
 from ..pairing.pair import display_name
@@ -130,6 +131,7 @@ def serve(
             _serve_with_ray(opts, settings, host, port, ray_address, ray_num_cpus, replicas, autoscale,
                             routing or "affinity")
             return
+        _refuse_ignored(opts, settings)
         target_model, draft_model = load_pair(opts, announce=True, rows=settings.model_rows)
         if opts.draft_choice is not None:  # --draft auto: the draft it chose is the one the server names
             settings.draft_name = display_name(opts.draft)
@@ -158,6 +160,7 @@ def _serve_with_ray(opts: ModelOptions, settings, host: str, port: int, address:
     opts.threads = opts.threads or 1
     scale = parse_autoscale(autoscale) if autoscale is not None else None
     options = deployment_options(replicas, scale, settings, cpus_per_replica=opts.threads)
+    _refuse_ignored(opts, settings)  # each replica loads as `serve` would
     try:
         import ray  # noqa: F401
     except ImportError:
@@ -168,3 +171,9 @@ def _serve_with_ray(opts: ModelOptions, settings, host: str, port: int, address:
                    routing=routing)
 
 
+
+
+def _refuse_ignored(opts: ModelOptions, settings) -> None:
+    """The model options and the server's own where they would do nothing here (cli/applies.py)."""
+    refuse_ignored(opts, values={name: getattr(settings, name) for name in
+                                 ("prefix_cache_tokens", "prefix_cache_rows", "answer_kv", "escaped_copies")})
