@@ -71,7 +71,7 @@ class Bench:
         GGUF files, threads and binary llama.cpp's methods run on (None: they are left out). schemas: each
         prompt's JSON schema (None: free text). turns: the multi-turn workload whose turns prompt_ids are.
         cost_prior: what the speculative generators' policies start from (what `generate` passes: the CLI's
-        pairing.pair.recorded_cost_prior)."""
+        pairing.pair.recorded_cost_prior); given, it is kept for good (fixed costs), as `generate` keeps it on a CPU."""
         from ..drafters import PromptLookupDrafter
 
         settings.check()
@@ -88,7 +88,8 @@ class Bench:
         plain = AutoregressiveGenerator(target)
         # One generator per K: a generator's K (a number, or "auto" and its policy) is set when it is built.
         spec = {k: SpeculativeGenerator(target, draft, num_speculative_tokens=k, method=settings.method,
-                                        cost_prior=cost_prior) for k in settings.ks} if draft is not None else {}
+                                        cost_prior=cost_prior, fixed_costs=cost_prior is not None)
+                for k in settings.ks} if draft is not None else {}
         extra = max(int_ks(settings.ks) + settings.llama_draft_max + [LOOKUP_DEFAULT_TOKENS])
         self.ctx = BenchContext(
             settings, prompt_ids, plain, spec, has_draft=draft is not None,

@@ -94,12 +94,14 @@ class SpeculativeGenerator:
     shape: pairing.starting_costs). max_copy_tokens: with "auto" and a drafter that copies (suffix, suffix+MODEL), how
     many tokens a step whose drafts are all free copies may verify (a long match's copy is kept nearly whole; the
     policy times those verifications and picks the K that pays); a model's drafts stay within max_speculative_tokens.
+    fixed_costs: the policy takes cost_prior's costs for every step instead of timing it (policy.choose, fixed
+    costs), so K and every forward's size follow the tokens alone: a request gives the same text every run.
     """
 
     def __init__(self, target, draft, num_speculative_tokens: int | str = "auto", method: str = "leviathan",
                  tokenizer=None, vocab_size: int | None = None, max_speculative_tokens: int = 8,
                  timing: bool | None = None, prefix_cache_tokens: int = 0, cost_prior: CostPrior | None = None,
-                 max_copy_tokens: int = MAX_COPY_K):
+                 max_copy_tokens: int = MAX_COPY_K, fixed_costs: bool = False):
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
         target_model, target_tok = unwrap_model(target)
@@ -118,7 +120,7 @@ class SpeculativeGenerator:
         self.max_copy_tokens = max(max_speculative_tokens, max_copy_tokens) if copies else None
         self.speculation = Speculation.parse(num_speculative_tokens if draft is not None else 0)
         self.num_speculative_tokens = str(self.speculation) if self.speculation.auto else self.speculation.k
-        self.cost_prior = cost_prior
+        self.cost_prior, self.fixed_costs = cost_prior, fixed_costs
         self.policy = self._policy(self.speculation)
         self.method = method
         self.timing = self.target.device.type != "cuda" if timing is None else timing
@@ -128,10 +130,15 @@ class SpeculativeGenerator:
         self.prefix_cache = None
         self.set_prefix_cache(prefix_cache_tokens)
 
+    def fix_costs(self) -> None:
+        """From now on the policy (and every policy a request's own K makes) keeps cost_prior's costs (fixed_costs)."""
+        self.fixed_costs = self.policy.fixed_costs = True
+
     def _policy(self, speculation: Speculation):
         copies = {} if self.max_copy_tokens is None else {"max_copy_k": self.max_copy_tokens}
         classes = self.drafter.class_acceptance if self.drafter is not None else None  # a copying drafter's, per class
-        extra = {**copies, **({"class_prior": classes} if classes is not None else {})}
+        extra = {**copies, **({"class_prior": classes} if classes is not None else {}),
+                 **({"fixed_costs": True} if self.fixed_costs else {})}
         return make_policy(speculation, self.max_speculative_tokens, self.cost_prior, **extra)
 
     # ------------------------------------------------------------------ public API

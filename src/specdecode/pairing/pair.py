@@ -477,8 +477,13 @@ def _prepare_quietly(location) -> None:
 
 def generator_of(opts: ModelOptions, target, draft):
     """The generator of a loaded pair as the options ask (K, method), its policy started from this machine's
-    recorded costs of the target (recorded_cost_prior): what `generate`, `serve` and a Ray replica run."""
-    return make_generator(target, draft, opts.num_speculative_tokens, opts.method, recorded_cost_prior(opts, target))
+    recorded costs of the target (recorded_cost_prior): what `generate`, `serve` and a Ray replica run. On a CPU
+    those costs stay fixed (the policy times nothing), so the same request gives the same text every run."""
+    generator = make_generator(target, draft, opts.num_speculative_tokens, opts.method,
+                               recorded_cost_prior(opts, target))
+    if draft is not None and not on_gpu(opts, target):
+        generator.fix_costs()
+    return generator
 
 
 def make_generator(target, draft, k=AUTO, method: str = "leviathan", cost_prior=None):

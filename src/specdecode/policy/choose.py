@@ -2,7 +2,7 @@
 
 The model. A step with K drafts costs  time(K) = K * c(B) + v(K + 1, B)  seconds, where c(B) is one draft step (0 on a
 step whose drafts run no model: Outlook.free) and v(n, B) one target forward of n tokens for a batch of B rows. Both
-are learned from the loop's own timings, per batch size (machine, backend, dtype and B all change them). A cost never
+are learned from the loop's own timings (or modelled by the prior: fixed costs, below), per batch size (machine, backend, dtype and B all change them). A cost never
 measured for this B is estimated: linearly between measured n; outside them (or with nothing measured) by the shape of
 the nearest measured batch size, else of the prior (CostPrior: v(n) = 1 + 0.15 (n - 1) target steps, a GPU's shape,
 this machine's curve where `--draft auto` recorded one for the target, or 1 + 0.5 (n - 1) for a real model on a CPU
@@ -32,50 +32,43 @@ K are explored, costs between them interpolated; deep positions' acceptance lean
 Plain steps and probes. When no K pays the policy decodes plainly (it stops speculating only when plain steps look
 5 % faster, so a noisy dip in the estimates does not stop it; that margin holds only while the draft classes are the
 last speculating step's: a short match after a long one is another bet, judged on its own) and probes, with the K
-most likely to pay, after 8 plain steps; each failed probe doubles the wait (16, 32, ... 256), so probes cost well
-under 1 % in the long run. A probe that makes the draft catch up (a model that has not read the plain steps' tokens)
+most likely to pay, after 8 plain steps; each failed probe doubles the wait (16, 32, ... 256). A probe that makes the draft catch up (a model that has not read the plain steps' tokens)
 also waits until its cost, that catch-up plus what its step is expected to lose against plain steps, is at most 1 %
 of the plain decoding time since the last trial and of the plain time the rows' remaining tokens will take, where
 their lengths are known (a probe near the end has no tokens left to pay it back); an exploration from plain steps
-waits the same way (its step priced at the lower bound that made it worth trying). On a 2-core CPU a 135M draft's
-catch-up of its 32-token window costs ~2-3 target steps and its K = 1 step loses ~0.7 more: its probes wait ~300
-steps. A probe that beat a plain step is evidence the text has changed: the old evidence is cut to 30 % and the
+waits the same way (its step priced at the lower bound that made it worth trying). A probe that beat a plain step is evidence the text has changed: the old evidence is cut to 30 % and the
 probe is repeated at once, so a draft that agrees again gets speculation back within a few steps of the next probe;
 as soon as the estimates say a K pays the wait is reset to 8.
 
 Settling. Where even full acceptance cannot beat plain decoding at the measured costs (max over K of
 (K + 1) / (K c + v(K + 1)) <= 1, v extrapolated along its measured slope beyond the timed n), no text can make a
 draft pay: the policy settles (`settled`): choose() returns 0 at once and the loop asks the drafter nothing and
-feeds it nothing. Every SETTLED_STEPS steps it re-checks, cheaply: plain steps keep timing the target, and only
-where a plain step's cost has moved by more than RECHECK_DRIFT since it settled (the machine's load changed) does
-one probe re-time the draft and a verification (its catch-up bounded by the drafter's window). Only a policy
-whose drafts all come from a model settles (`model_drafts`, set by the loop for a ModelDrafter): a copying
-drafter's cost does not grow with K, and suffix+MODEL's copies can pay where its model cannot.
+feeds it nothing. Every SETTLED_STEPS steps it re-checks: only where a plain step's cost moved by more than
+RECHECK_DRIFT (the machine's load changed) does one probe re-time the draft and a verification. Only a policy whose
+drafts all come from a model settles (`model_drafts`): suffix+MODEL's copies can pay where its model cannot.
 
 Exploring costs. A K whose verification was never timed for this batch size is tried when, costed at a lower
 bound (no cheaper than a shorter forward measured, nor than 1/m of a longer one of m tokens, nor than 85 % of what
 a curve measured on this machine predicts), it could beat the best estimate; so a wrong prior cannot lock in a bad
-K, and a recorded one spares a CPU the explorations that cannot pay there. Timings are robust to warm-up (the first
-two samples of a shape keep their minimum, and a K counts as untried until it has two) and to stalls (a cost is the
-median of its last 15 timings; on a shared 2-core VM a moving average was pulled up by them, which made drafts look
-cheap next to an inflated plain step).
+K, and a recorded one spares a CPU the explorations that cannot pay there. Timings are robust to warm-up and stalls
+(estimates.Cost; a K counts as untried until it has WARM_SAMPLES timings).
 
 Losslessness. K (and each row's cap) is a function of what is known before the step's drafts are drawn: past
 acceptance and past timings. Given the prefix, every token a step emits has the target's distribution whatever K
 was fixed beforehand, so any such rule keeps the output distribution exact; the policy never sees the current
-step's drafts or target output. Timings are not reproducible, so the loop draws seeded sampled rows under this
-policy by Gumbel-max coupling (sampling.BatchSampling), whose output does not depend on K: their text stays a
-function of the seed. A probe's drafting often begins with the draft catching up on the plain steps' tokens; that
-one-off time is not a draft step's cost, and the loop reports it as None.
+step's drafts or target output. Seeded sampled rows are drawn by Gumbel-max coupling (sampling.BatchSampling),
+whose draw does not depend on K. Fixed costs (fixed_costs, the CLI's and server's default on a CPU): the prior's
+costs stand for every timing (estimates.modelled_costs), so K, and with it each forward's size (which changes a
+llama.cpp logit's rounding), is a function of the tokens: the same request gives the same text, run after run.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from .estimates import DECAY, WARM_SAMPLES, CostPrior, PolicyEstimates, RowState, scale_evidence
+from .estimates import DECAY, WARM_SAMPLES, CostPrior, modelled_costs, PolicyEstimates, RowState, scale_evidence
 from .speculation import MAX_COPY_K, Speculation
 
 PROBE_FORGET = 0.3         # evidence kept when a probe pays: the text has changed since it was gathered
@@ -141,8 +134,10 @@ class Policy(PolicyEstimates, ABC):
     settled = False  # whether it decodes plainly without looking (AdaptivePolicy: Settling): the drafter is not asked
     model_drafts = False  # every draft comes from a model (the loop reads Drafter.drafts_from_model): it may settle
 
-    def __init__(self, max_k: int, decay: float = DECAY, prior: CostPrior | None = None, class_prior=None):
+    def __init__(self, max_k: int, decay: float = DECAY, prior: CostPrior | None = None, class_prior=None,
+                 fixed_costs: bool = False):
         super().__init__(max_k, decay, prior, class_prior)
+        self.fixed_costs = fixed_costs  # costs are the prior's, never timed (modelled_costs): same tokens, same K
         self.probes = self.explorations = self.refreshes = 0
         self.trial = False  # whether the last choose() was a probe or an exploration (decide() reports it)
 
@@ -167,7 +162,9 @@ class Policy(PolicyEstimates, ABC):
 
     def learn(self, outcome: Outcome) -> None:
         """The one observation after a step: its catch-up cost, then (if it served rows the policy chose for) the
-        drafts kept and the step's timings."""
+        drafts kept and the step's timings (fixed_costs: the prior's costs of that step instead)."""
+        if self.fixed_costs:
+            outcome = replace(outcome, **modelled_costs(self.prior, outcome))
         if outcome.catch_up_s:
             self.observe_catch_up(outcome.catch_up_tokens, outcome.catch_up_s)
         if outcome.rows:
@@ -254,10 +251,10 @@ class FixedPolicy(Policy):
 
     name = "fixed"
 
-    def __init__(self, k: int, decay: float = DECAY, prior: CostPrior | None = None):
+    def __init__(self, k: int, decay: float = DECAY, prior: CostPrior | None = None, fixed_costs: bool = False):
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"FixedPolicy needs an integer K >= 0, got {k!r}")
-        super().__init__(k, decay, prior)
+        super().__init__(k, decay, prior, fixed_costs=fixed_costs)
         self.k = k
 
     def choose(self, rows: list[RowState], caps: list[int]) -> int:
@@ -289,14 +286,15 @@ class AdaptivePolicy(Policy):
     adaptive = True
 
     def __init__(self, max_k: int = 8, decay: float = DECAY, probe_forget: float = PROBE_FORGET, margin: float = MARGIN,
-                 prior: CostPrior | None = None, max_copy_k: int | None = None, class_prior=None):
+                 prior: CostPrior | None = None, max_copy_k: int | None = None, class_prior=None,
+                 fixed_costs: bool = False):
         if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 1:
             raise ValueError(f"AdaptivePolicy needs max_k >= 1, got {max_k!r}")
         if max_copy_k is not None and (isinstance(max_copy_k, bool) or not isinstance(max_copy_k, int)
                                        or not max_k <= max_copy_k <= MAX_COPY_K):
             raise ValueError(f"AdaptivePolicy needs max_copy_k in max_k..{MAX_COPY_K} ({max_k}..{MAX_COPY_K}) or "
                              f"None, got {max_copy_k!r}")
-        super().__init__(max_copy_k or max_k, decay, prior, class_prior)
+        super().__init__(max_copy_k or max_k, decay, prior, class_prior, fixed_costs)
         self.model_k = max_k  # the widest step whose drafts run a model; free steps (copies) go up to self.max_k
         self.probe_forget = probe_forget
         self.margin = margin
@@ -490,11 +488,13 @@ class AdaptivePolicy(Policy):
 
 
 def make_policy(spec, max_k: int = 8, prior: CostPrior | None = None, max_copy_k: int | None = None,
-                class_prior=None) -> Policy:
+                class_prior=None, fixed_costs: bool = False) -> Policy:
     """'auto' -> AdaptivePolicy(max_k, max_copy_k); a fixed K (0 = plain) -> FixedPolicy(K) (Speculation.parse).
     prior: the costs it starts from (CostPrior: a GPU's shape by default). max_copy_k: how far a step of free copies
-    may go (None: max_k). class_prior: the acceptance assumed per draft class (the drafter's class_acceptance)."""
+    may go (None: max_k). class_prior: the acceptance assumed per draft class (the drafter's class_acceptance).
+    fixed_costs: the prior's costs stand for every timing (modelled_costs): K follows the tokens alone."""
     speculation = Speculation.parse(spec)
     if speculation.auto:
-        return AdaptivePolicy(max_k, prior=prior, max_copy_k=max_copy_k, class_prior=class_prior)
-    return FixedPolicy(speculation.k, prior=prior)
+        return AdaptivePolicy(max_k, prior=prior, max_copy_k=max_copy_k, class_prior=class_prior,
+                              fixed_costs=fixed_costs)
+    return FixedPolicy(speculation.k, prior=prior, fixed_costs=fixed_costs)

@@ -161,6 +161,7 @@ class PolicyEstimates:
         self._histogram: dict[int, int] = {}
         self._free_drafts = False  # the current decision's drafts run no model forward (Outlook.free)
         self._classes: dict[int, RowState] = {}  # draft class -> its acceptance evidence (Outlook.classes)
+        self.fixed_costs = False  # the costs are the prior's, in target steps, not timings (Policy: fixed_costs)
 
     def _evidence(self, row: RowState) -> RowState:
         """Where a row's acceptance is counted: its draft class's evidence, or its own."""
@@ -301,7 +302,7 @@ class PolicyEstimates:
         best = max(speedups, key=speedups.__getitem__, default=0)  # ties go to the smaller K
         seen = sum(self.seen)
         return {
-            "batch_size": batch, "target_step_s": timed[1].value if 1 in timed else None,
+            "batch_size": batch, "target_step_s": timed[1].value if 1 in timed and not self.fixed_costs else None,
             "draft_step_cost": draft_step, "draft_step_measured": batch in self._draft,
             "verify_cost": verify, "verify_measured": sorted(n for n in timed if n <= self.max_k + 1),
             "acceptance_rate": sum(self.accepted) / seen if seen else None, "acceptance_evidence": seen,
@@ -312,3 +313,13 @@ class PolicyEstimates:
         """The batch size with the most timed forwards (1 before any timing)."""
         counts = {b: sum(c.count for c in points.values()) for b, points in list(self._verify.items())}
         return max(counts, key=lambda b: (counts[b], -b), default=1)
+
+
+def modelled_costs(prior: CostPrior, outcome) -> dict:
+    """A step's costs as the prior models them, in target steps, for the timings of an Outcome (a policy with fixed
+    costs): a forward of the step's tokens (B rows of k + 1) costs v(B (k + 1)), a draft step of B rows c v(B), a
+    token a draft catches up on PRIOR_CATCH_UP c. None stays None (no sample). No clock is read."""
+    batch, k = outcome.batch_size, outcome.k
+    return {"verify_s": None if outcome.verify_s is None else prior.verify_steps(batch * (k + 1)),
+            "draft_s": None if outcome.draft_s is None else k * prior.draft_step * prior.verify_steps(batch),
+            "catch_up_s": outcome.catch_up_tokens * PRIOR_CATCH_UP * prior.draft_step if outcome.catch_up_s else 0.0}
