@@ -248,11 +248,13 @@ def test_k_zero_decodes_plainly_with_the_draft_loaded(pair, target_only):
 
 
 def test_a_temperature_below_the_greedy_threshold_is_greedy(pair):
-    """SamplingParams' rule (T < 1e-5 is greedy) reaches the CLI: the output is the greedy one for any seed."""
+    """SamplingParams' rule (T < 1e-5 is greedy) reaches the CLI: the output is the greedy one, and a seed, which
+    greedy never draws with, is refused as doing nothing."""
     args = ["generate", "def quicksort(arr):", *pair, "-n", 10, "--ignore-eos", "--json"]
     [greedy] = json_lines(ok(*args))
-    [tiny] = json_lines(ok(*args, "--temperature", "1e-6", "--seed", 5))
+    [tiny] = json_lines(ok(*args, "--temperature", "1e-6"))
     assert tiny["token_ids"] == greedy["token_ids"]
+    assert "--seed 5 does nothing at temperature 0" in error_of(*args, "--temperature", "1e-6", "--seed", 5)
 
 
 def test_prompt_lookup_draft_equals_plain_decoding(tiny_model_dirs, target_only):

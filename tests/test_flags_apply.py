@@ -96,6 +96,10 @@ REFUSED = [
     (GENERATE, ["--target", "T", "--draft", "none", "--json", "--no-echo"],
      ["--echo/--no-echo", "--json", "leave it out"]),
     (GENERATE, ["--target", "T", "--draft", "none", "--json", "--stream"], ["--stream/--no-stream", "--json"]),
+    # sampling options at temperature 0: greedy draws nothing
+    (GENERATE, ["--target", "T", "--draft", "none", "--top-k", "5"], ["--top-k 5", "temperature 0", "--temperature"]),
+    (GENERATE, ["--target", "T", "--draft", "none", "--seed", "3"], ["--seed 3", "temperature 0", "--temperature"]),
+    (BENCH, ["--target", "T", "--draft", "none", "--top-p", "0.9"], ["--top-p 0.9", "temperature 0", "--temperature"]),
     # a flag of the prefix cache with the cache off
     (SERVE, ["--target", "T", "--draft", "none", "--prefix-cache-tokens", "0", "--answer-kv", "lend"],
      ["--answer-kv lend", "--prefix-cache-tokens 0", "leave it out"]),
@@ -127,6 +131,9 @@ ACCEPTED = [
     (GENERATE, ["--target", "T", "--draft", "none", "--no-huge-pages", "-k", "auto", "--method", "leviathan",
                 "--prepack", "--trust-remote-code", "--dtype", "float32"]),
     (GENERATE, ["--target", "T", "--draft", "suffix", "--tree-width", "3", "--suffix-history-tokens", "100"]),
+    (GENERATE, ["--target", "T", "--draft", "none", "--temperature", "0.7", "--top-k", "5", "--seed", "3",
+                "--repetition-penalty", "1.2", "--top-p", "1.0"]),
+    (BENCH, ["--target", "T", "--draft", "none", "--temperature", "0,0.7", "--top-k", "5", "--seed", "2"]),
     (GENERATE, ["--target", "T", "--draft", "suffix+D", "--suffix-history-tokens", "100", "-k", "3"]),
     (SERVE, ["--target", "G", "--prefix-cache-rows", "2", "--answer-kv", "lend", "--escaped-copies"]),
     (SERVE, ["--target", "T", "--backend", "static", "--draft", "none", "--prefix-cache-tokens", "0"]),

@@ -226,7 +226,7 @@ def test_the_cli_takes_each_option_and_words_bad_values_with_its_flag(tiny_model
             "--draft-quantize", "none", "-k", "3", "-n", "12", "--json", "--ignore-eos"]
     runner = CliRunner()
     plain = json.loads(runner.invoke(app, base).stdout)
-    flags = ["--repetition-penalty", "1.5", "--presence-penalty", "1", "--frequency-penalty", "0.5", "--min-p", "0.1",
+    flags = ["--repetition-penalty", "1.5", "--presence-penalty", "1", "--frequency-penalty", "0.5",
              "--logit-bias", "17:3,40:-100"]
     penalised = runner.invoke(app, base + flags)
     assert penalised.exit_code == 0, penalised.output
@@ -237,9 +237,13 @@ def test_the_cli_takes_each_option_and_words_bad_values_with_its_flag(tiny_model
     model = load_model(tiny_model_dirs["target"])
     expected = AutoregressiveGenerator(model).generate("def f(x):", max_new_tokens=12, temperature=0.0,
                                                        ignore_eos=True, repetition_penalty=1.5, presence_penalty=1,
-                                                       frequency_penalty=0.5, min_p=0.1,
-                                                       logit_bias={17: 3, 40: -100})
+                                                       frequency_penalty=0.5, logit_bias={17: 3, 40: -100})
     assert record["token_ids"] == expected.token_ids[0]
+    # --min-p warps a draw: taken when sampling, refused at temperature 0 (greedy reads none of it: cli/applies.py)
+    sampled = runner.invoke(app, base + ["--temperature", "0.8", "--seed", "1", "--min-p", "0.1"])
+    assert sampled.exit_code == 0, sampled.output
+    greedy = runner.invoke(app, base + ["--min-p", "0.1"])
+    assert greedy.exit_code == 1 and "--min-p 0.1 does nothing at temperature 0" in greedy.output
     for bad, message in [(["--presence-penalty", "3"], "--presence-penalty must be a number in [-2, 2]"),
                          (["--repetition-penalty", "0"], "--repetition-penalty must be a number > 0"),
                          (["--min-p", "1.5"], "--min-p must be in [0, 1]"),

@@ -180,3 +180,18 @@ def _check_prefix_cache(given: set, values: dict) -> None:
         if option in given:
             raise CLIError(f"{spelled(option, values[option])} does nothing with --prefix-cache-tokens 0 (no "
                            f"prefix cache): leave it out, or give the cache room")
+
+
+GREEDY_IDLE = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": None}  # what a greedy step reads of them: nothing
+
+
+def refuse_sampling_at_greedy(given, values: dict, temperatures, idle: Optional[dict] = None) -> None:
+    """A CLIError for a sampling option given where every temperature is 0: greedy takes the most likely token, with
+    no draw to warp or seed (the penalties and --logit-bias still apply: they move the logits)."""
+    if any(t > 0 for t in temperatures):
+        return
+    idle = {**GREEDY_IDLE, **(idle or {})}
+    for name, value in values.items():
+        if name in given and value != idle[name]:
+            raise CLIError(f"{spelled(name, value)} does nothing at temperature 0 (greedy: the most likely token, "
+                           f"no draw): give --temperature above 0, or leave it out")

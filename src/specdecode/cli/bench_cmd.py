@@ -17,7 +17,7 @@ from ..bench.methods import DEFAULT_METHODS, METHODS, METHOD_CLASSES, default_me
 from ..bench.methods.base import NO_DRAFT, TRANSFORMERS
 from ..bench.methods.llamacpp_speculative import LlamaSpeculative
 from .app import app
-from .applies import refuse_ignored
+from .applies import refuse_ignored, refuse_sampling_at_greedy
 from .bench_latency_cmd import latency
 from .bench_output import float_list, fmt, int_list, load_prompt_set, quiet, rate, write_json
 from .bench_serve_cmd import bench_serve
@@ -157,6 +157,8 @@ def bench(
         for t in temperatures:
             SamplingParams(t, top_k, top_p)
         _refuse_ignored(asked, chosen, peer_models, llama_speculative, sanity)
+        refuse_sampling_at_greedy(getattr(asked, "given", ()), {"top_k": top_k, "top_p": top_p, "seed": seed},
+                                  temperatures, idle={"seed": 0})
         target_model, draft_model = load_pair(opts, quiet=quiet(json_path), rows=batch_size)
         huge_pages.wait_for(target_model, draft_model)  # time the steady state
         if sanity:

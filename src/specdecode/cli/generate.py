@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from .app import app
-from .applies import refuse_ignored
+from .applies import GREEDY_IDLE, refuse_ignored, refuse_sampling_at_greedy
 from .common import (PROVENANCE_STYLES, CLIError, check_generation_args, chat_ids, err, generator_of, legend,
                      load_pair, progress_bar, read_prompts, stats_table, use_color, user_errors)
 from .structure import check_logprobs, logprobs_table, read_structure, token_text
@@ -153,6 +153,8 @@ def generate(
         prompts = read_prompts(prompt, prompts_file)
         refuse_ignored(opts)
         _refuse_ignored(getattr(opts, "given", ()), prompts_file, batch_size, json_out)
+        refuse_sampling_at_greedy(getattr(opts, "given", ()), {name: getattr(sampling, name) for name in GREEDY_IDLE},
+                                  sampling.temperatures)
         target_model, draft_model = load_pair(opts, quiet=json_out and not err.is_terminal,
                                               announce=verbose or None, first_run_waits=False)
         gen = generator_of(opts, target_model, draft_model)
