@@ -50,3 +50,17 @@ def test_a_serving_session_names_them_apart_too(tiny_pair):
     assert (session.stats.num_speculative_tokens, session.stats.copy_limit) == (8, MAX_COPY_K)
     plain = SpeculativeGenerator(target, None, vocab_size=320).session()
     assert (plain.stats.num_speculative_tokens, plain.stats.copy_limit) == (0, 0)
+
+
+def test_a_servers_response_names_k_and_the_copy_limit_apart(tiny_pair, tokenizer):
+    import httpx
+
+    from specdecode.drafters import SuffixDrafter
+    from specdecode.server import ServerSettings, create_app
+    from test_server_helpers import LiveServer
+
+    generator = SpeculativeGenerator(tiny_pair[0], SuffixDrafter(history_tokens=0), "auto", tokenizer=tokenizer)
+    with LiveServer(create_app(generator, "tiny", tokenizer, ServerSettings())) as server:
+        reply = httpx.post(f"{server.url}/v1/completions", timeout=60,
+                           json={"model": "tiny", "prompt": "a b a b a b", "max_tokens": 8, "temperature": 0}).json()
+    assert (reply["speculative"]["num_speculative_tokens"], reply["speculative"]["copy_limit"]) == (8, MAX_COPY_K)

@@ -32,7 +32,7 @@ def summarize(values: Sequence[float]) -> dict:
 
 
 # --------------------------------------------------------------------------- counters
-MAX_FIELDS = ("num_speculative_tokens",)  # fields of results.Stats that are a bound, not a count
+MAX_FIELDS = ("num_speculative_tokens", "copy_limit")  # fields of results.Stats that are a bound, not a count
 LAST_FIELDS = ("policy", "policy_summary")  # a label, and a report of the policy's state at the end of a call
 
 

@@ -184,7 +184,6 @@ def generate(
             from ..bench.stats import merge_stats
 
             total = merge_stats([r.stats for r in results])
-            total.copy_limit = max(r.stats.copy_limit for r in results)  # a bound, which merge_stats would add up
             mode = (f"speculative, k={opts.num_speculative_tokens}, {opts.method}" if draft_model is not None
                     else "plain decoding of the target")
             provenance = [kind for r in results for row in r.provenance for kind in row]

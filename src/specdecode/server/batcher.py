@@ -481,7 +481,8 @@ def _job_stats(job: Job, result: GenerationResult, session: Stats, now: float) -
     k = job.params.num_speculative_tokens
     return Stats(num_rows=len(rows), prompt_tokens=sum(len(p) for p in job.prompts),
                  new_tokens=sum(len(t) for t in result.token_ids),
-                 num_speculative_tokens=k if k is not None else session.num_speculative_tokens, policy=session.policy,
+                 num_speculative_tokens=k if k is not None else session.num_speculative_tokens,
+                 copy_limit=session.copy_limit, policy=session.policy,
                  proposed_tokens=sum(r.proposed_tokens for r in rows),
                  accepted_tokens=sum(r.accepted_tokens for r in rows), forced_tokens=sum(r.forced_tokens for r in rows),
                  verification_steps=sum(r.verification_steps for r in rows),

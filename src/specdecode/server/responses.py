@@ -55,7 +55,7 @@ def speculative(done: Done, draft_name: str | None) -> SpeculativeStats:
     time."""
     s = done.stats
     return SpeculativeStats(draft_model=draft_name, num_speculative_tokens=s.num_speculative_tokens,
-                            acceptance_rate=s.acceptance_rate, mean_accepted_length=s.mean_accepted_length,
+                            copy_limit=s.copy_limit, acceptance_rate=s.acceptance_rate, mean_accepted_length=s.mean_accepted_length,
                             proposed_tokens=s.proposed_tokens, accepted_tokens=s.accepted_tokens,
                             forced_tokens=s.forced_tokens, verification_steps=s.verification_steps,
                             target_forward_calls=s.target_forward_calls, batch_size=done.batch_size,

@@ -356,7 +356,8 @@ class SpeculativeStats(BaseModel):
     """Speculative statistics of this request's prompts; target_forward_calls and wall_time_s are its batch's."""
 
     draft_model: Optional[str] = None
-    num_speculative_tokens: int
+    num_speculative_tokens: int = Field(description="K asked for (a number, or auto's cap on a model's drafts).")
+    copy_limit: int = Field(0, description="Tokens a step of free copies may verify at most (0: no copying drafter).")
     acceptance_rate: float = Field(description="Accepted draft tokens / proposed draft tokens.")
     mean_accepted_length: float = Field(description="Tokens emitted per target verification and row.")
     proposed_tokens: int
