@@ -140,3 +140,43 @@ def test_no_chunk_is_collapsed_while_paused_and_the_rest_after():
         time.sleep(0.5)
         assert pages.collapsed == during < pages.chunks
     assert pages.wait(60) and pages.collapsed == pages.chunks == 256
+
+
+def test_a_server_collapses_only_while_no_request_is_served(tiny_pair, tokenizer):
+    """The collapse shares the CPUs and page tables with the forwards: the server pauses it while a request runs
+    (a first request's prefill was slowed by it) and lets it go on once idle."""
+    import httpx
+
+    from test_server_helpers import MODEL, serve_slow
+
+    class Recorded(HugePages):
+        def __init__(self):
+            super().__init__([])
+            self.calls = []
+
+        def pause(self):
+            self.calls.append("pause")
+
+        def resume(self):
+            self.calls.append("resume")
+
+    pages = Recorded()
+    model = tiny_pair[0]
+    model.huge_pages = pages  # where collapses_of looks (a backend's or its model's huge_pages)
+    try:
+        with serve_slow(tiny_pair, tokenizer, 0.05) as server:
+            for _ in range(2):
+                reply = httpx.post(f"{server.url}/v1/completions", timeout=60,
+                                   json={"model": MODEL, "prompt": "a b c", "max_tokens": 4})
+                assert reply.status_code == 200
+                assert "pause" in pages.calls and wait_until_resumed(pages)
+    finally:
+        del model.huge_pages
+    assert pages.calls == ["pause", "resume", "pause", "resume"]
+
+
+def wait_until_resumed(pages, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while pages.calls[-1] != "resume" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pages.calls[-1] == "resume"

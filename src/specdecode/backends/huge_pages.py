@@ -194,7 +194,7 @@ def _down(address: int) -> int:
     return address // HUGE_PAGE * HUGE_PAGE
 
 
-def _collapses_of(models) -> list[HugePages]:
+def collapses_of(*models) -> list[HugePages]:
     """The collapses of these models' memory (LoadedModels, backends, or HugePages themselves)."""
     found = []
     for model in models:
@@ -207,7 +207,7 @@ def _collapses_of(models) -> list[HugePages]:
 def wait_for(*models, timeout: float | None = 120.0) -> None:
     """Wait until these models' memory is collapsed (LoadedModels or backends; those without huge pages pass): a
     benchmark times the steady state, not the first seconds after loading."""
-    for pages in _collapses_of(models):
+    for pages in collapses_of(*models):
         pages.wait(timeout)
 
 
@@ -218,7 +218,7 @@ def paused(*models):
     holds the page tables the forwards read, whatever the thread's priority, and slows a 1-token forward more in
     proportion than a 9-token one. On a 2-core Xeon a first run timed during the collapse read verifying 2 tokens
     at 1.47 steps where quiet runs read 1.8, and loaded the draft model to time it."""
-    collapses = _collapses_of(models)
+    collapses = collapses_of(*models)
     for pages in collapses:
         pages.pause()
     try:
