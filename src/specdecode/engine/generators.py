@@ -345,5 +345,5 @@ def _limits_named(session: DecodingSession) -> DecodingSession:
     model's drafts keep to: a user who left K at auto's cap of 8 would read 64 as their K."""
     stats, policy = session.stats, session.policy
     stats.copy_limit = policy.max_k
-    stats.num_speculative_tokens = getattr(policy, "model_k", policy.max_k)  # AdaptivePolicy's; a fixed K's own
+    stats.num_speculative_tokens = policy.model_k
     return session

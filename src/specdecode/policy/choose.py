@@ -126,8 +126,7 @@ class Outcome:
 
 
 class Policy(PolicyEstimates, ABC):
-    """What both policies share: the estimates (PolicyEstimates), the loop's two calls and summary(). Subclasses
-    choose."""
+    """What both policies share: the estimates, the loop's two calls and summary(). Subclasses choose."""
 
     name = "policy"
     adaptive = False  # whether K follows measurements (the loop then draws seeded sampled rows by coupling)
@@ -138,6 +137,7 @@ class Policy(PolicyEstimates, ABC):
                  fixed_costs: bool = False):
         super().__init__(max_k, decay, prior, class_prior)
         self.fixed_costs = fixed_costs  # costs are the prior's, never timed (modelled_costs): same tokens, same K
+        self.model_k = max_k  # the widest step of a model's drafts (AdaptivePolicy: copies may go further)
         self.probes = self.explorations = self.refreshes = 0
         self.trial = False  # whether the last choose() was a probe or an exploration (decide() reports it)
 
