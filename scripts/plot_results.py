@@ -40,6 +40,11 @@ AIDER_TABLES = ("aider-edits-amd-epyc-avx512.json",)  # scripts/aider_edit_check
 # gives the medians over the files of our rate and of the best peer's. Their tables are the results page's.
 MATRIX_RUNS = (((MATRIX_XEON,), XEON, 256, "2026-12-03"),
                (EPYC_MATRIX, EPYC, 256, "2026-12-04"))
+# `specdecode bench serve --workload corpus` runs (what a user waits for, end to end, on work nothing was tuned on):
+# the summary's CPU rows, one a kind, and the results page's tables: (file, date)
+CORPUS_RUNS = (("corpus-xeon-2026-12-07.json", "2026-12-07"),)
+CORPUS_COMMAND = ("`specdecode bench serve --workload corpus --serve \"--threads 2\" --peer-gguf "
+                  "qwen2.5-coder-1.5b-instruct --llama-server PATH --threads 2 {options}`")
 H200 = "NVIDIA H200"
 OURS, PEER, OURS_PLAIN = "#2a7ab9", "#9a9a9a", "#8fc1e3"
 
@@ -86,30 +91,11 @@ def _tok_s(data: dict, method: str) -> float:
 
 
 def summary_rows() -> list[Row]:
-    code, prose = load("defaults-code-after.json"), load("defaults-prose-after.json")
-    schema, agent = load("defaults-json-after2.json"), load("agent-auto-client-parsed-lat0.json")
+    """Ours against the best peer measured in the same run on the current code: the corpus runs' kinds (every
+    llama-server mode and plain, end to end), and the one GPU figure."""
     h200 = load("device-probe-transformers-h200.json")
-    bench = ("`specdecode bench --threads 2 --prompts {set} --nb-prompts 4 -n 96 --runs 4 --methods "
-             "specdecode-plain,specdecode,llamacpp-plain`")
-    defaults = "defaults (`--draft auto`: suffix; `-k auto`)"
     return [
-        Row(EPYC, "code completion, 96 tokens, greedy", defaults, "llama-cpp-python", _tok_s(code, "specdecode"),
-            _tok_s(code, "llamacpp-plain"), "tok/s", "2026-11-26", bench.format(set="code"),
-            "defaults-code-after.json"),
-        Row(EPYC, "prose, 96 tokens, greedy", defaults, "llama-cpp-python", _tok_s(prose, "specdecode"),
-            _tok_s(prose, "llamacpp-plain"), "tok/s", "2026-11-26", bench.format(set="prose"),
-            "defaults-prose-after.json"),
-        Row(EPYC, "JSON-schema answers, greedy", defaults, "llama-cpp-python `json_schema`",
-            _tok_s(schema, "specdecode"), _tok_s(schema, "llamacpp-json-schema"), "tok/s", "2026-11-26",
-            "`specdecode bench --threads 2 -k auto --prompts json --nb-prompts 8 -n 160 --runs 3 --methods "
-            "specdecode-plain,specdecode,llamacpp-json-schema`", "defaults-json-after2.json"),
-        Row(EPYC, "coding-agent sessions, 8 tasks", "`specdecode serve` defaults",
-            "llama-server `--jinja`", agent["methods"]["default"]["session_s"],
-            agent["methods"]["llama-server"]["session_s"], "s", "2026-11-28",
-            "`specdecode bench serve --workload agent --llama-server PATH --peer-gguf qwen2.5-coder-1.5b-instruct "
-            "--threads 2 --max-tokens 512`", "agent-auto-client-parsed-lat0.json"),
-        *matrix_rows(),
-        aider_row(AIDER_TABLES[0]),
+        *(row for source, date in CORPUS_RUNS for row in corpus_rows(source, date)),
         Row(H200, "128 tokens, random weights (1.5B shape), every draft kept, K = 4",
             "transformers backend", "transformers' assisted generation",
             statistics.median(h200["times_ms"]["ours_spec"]) / 1000,
@@ -200,6 +186,42 @@ def aider_row(source: str) -> Row:
                "2026-12-04", "`python scripts/aider_edit_check.py --aider PATH --rounds 2`", source)
 
 
+CORPUS_GROUPS = (("whole-file edits", "edit: "), ("chat, back to back", "(back to back)"),
+                 ("chat, 2 s think-time", "(think"))  # a summary row each: (label, what its kinds' names hold)
+
+
+def corpus_rows(source: str, date: str) -> list[Row]:
+    """A corpus run in a few rows (edits, chats back to back, chats with a think-time): our median seconds a request
+    (to its last token) summed over the group's kinds, against the fastest llama-server mode's (plain included) of
+    each kind, summed: every kind against its own best peer. Each kind's row is the results page's table."""
+    report = load(source)
+    config = report["config"]
+    peers = [s for s in config["servers"] if s != "ours"]
+    modes = ", ".join(_mode(p) for p in peers)
+    options = (f"--modules {len(report['modules'])} --edit-kinds \"{','.join(config['edit_kinds'])}\" --chat-kinds "
+               f"{','.join(config['chat_kinds'])} --spec-types "
+               f"{','.join(_mode(p) for p in peers if p != 'llama-server')}")
+    rows = []
+    for label, marker in CORPUS_GROUPS:
+        kinds = [k for k in report["summary"] if marker in k["kind"] and k["best_peer"]
+                 and k["servers"]["ours"]["seconds"] is not None]
+        if not kinds:
+            continue
+        ours = sum(k["servers"]["ours"]["seconds"] for k in kinds)
+        best = sum(k["servers"][k["best_peer"]]["seconds"] for k in kinds)
+        rows.append(Row(config["hardware"], f"{label}: {len(kinds)} kinds, seconds to the last token, medians of "
+                        f"{_rounds_done(report)} rounds", "`specdecode serve` defaults",
+                        f"llama-server's fastest mode per kind (of {modes})", ours, best, "s", date,
+                        CORPUS_COMMAND.format(options=options), source))
+    return rows
+
+
+def _rounds_done(report: dict) -> int:
+    """Rounds every server finished (a run stopped early holds fewer than it asked for)."""
+    sessions = report["sessions"]
+    return min(sum(1 for x in sessions if x["server"] == s) for s in report["config"]["servers"])
+
+
 def corpus_table(source: str) -> str:
     """A `bench serve --workload corpus` run (its file of docs/results/) as the results page shows it, under the CPU
     it ran on."""
@@ -207,7 +229,7 @@ def corpus_table(source: str) -> str:
 
     report = load(source)
     config = report["config"]
-    return (f"{config['hardware']}, llama.cpp {config['threads']} threads, {config['rounds']} rounds, seconds a "
+    return (f"{config['hardware']}, llama.cpp {config['threads']} threads, {_rounds_done(report)} rounds, seconds a "
             f"request to its last token (TTFT):\n\n" + markdown_table(report))
 
 
