@@ -29,7 +29,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..models.machine import machine_name
@@ -37,6 +37,7 @@ from ..models.machine import machine_name
 MARGIN = 0.05  # a bound within 5 % of plain decoding is not worth a second model: real acceptance is below 1
 FREE = "suffix"  # the draft that costs nothing: copies from the context and earlier requests
 MEASURED_KS = (1, 2, 3, 4, 6, 8)  # the K whose verification is timed for the decision (each a forward of K + 1)
+COPY_TOKENS = (17, 33, 65)  # forwards timed with them for long copies' verification (policy.choose.COPY_GRID's K + 1)
 TYPICAL_ACCEPTANCE = 0.9  # what the model must pay at to be chosen (see the module's doc)
 # ... and a draft of another tokenizer (drafters/cross_vocab.py), which keeps fewer: SmolLM2-135M drafting for
 # Qwen2.5-Coder-1.5B kept 40-70 % on code (docs/BENCHMARKS.md, "Drafts of another tokenizer")
@@ -61,6 +62,7 @@ class DraftCosts:
     others: float | None = None  # other processes' share of the CPU time while timing (None: not read)
     rounds: int = 0  # rounds timed (0: not said)
     agreeing: int = 0  # of them, those whose own costs lead to the same choice
+    copies: dict[int, float] = field(default_factory=dict)  # v(n) of long copies' forwards (COPY_TOKENS), by n
 
     @property
     def sure(self) -> bool:
@@ -90,14 +92,15 @@ class DraftCosts:
         return self.best(max_k, acceptance)[1] > 1 + margin
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "verify": {str(n): v for n, v in self.verify.items()}}
+        return {**asdict(self), "verify": {str(n): v for n, v in self.verify.items()},
+                "copies": {str(n): v for n, v in self.copies.items()}}
 
     @classmethod
     def from_dict(cls, data: dict) -> "DraftCosts":
         return cls(float(data["draft_step"]), {int(n): float(v) for n, v in data["verify"].items()},
                    data.get("target_step_ms"), data.get("measured", ""), data.get("machine", ""),
                    bool(data.get("draft_step_floor", False)), data.get("others"), int(data.get("rounds", 0)),
-                   int(data.get("agreeing", 0)))
+                   int(data.get("agreeing", 0)), {int(n): float(v) for n, v in data.get("copies", {}).items()})
 
     def how_sure(self) -> str:
         """When and how it was measured, for the explanation ("" when nothing is known)."""
@@ -255,9 +258,14 @@ def _write_records(records: dict) -> bool:
 
 
 def save_costs(key: str, costs: DraftCosts) -> None:
-    """Record costs under key (other keys kept); a cache that cannot be written only means measuring again."""
+    """Record costs under key (other keys kept); a cache that cannot be written only means measuring again. Costs
+    without long copies' (advise times none) keep those of the record they replace."""
     records = _records()
-    records[key] = costs.to_dict()
+    try:
+        kept = DraftCosts.from_dict(records[key]).copies if not costs.copies else {}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        kept = {}
+    records[key] = replace(costs, copies=kept).to_dict() if kept else costs.to_dict()  # advise times no copies
     later = records.get(UNTIMED)
     if isinstance(later, dict):
         later.pop(key, None)
@@ -272,9 +280,13 @@ def costs_from_measurement(measured: dict, draft_step_floor: bool = False) -> Dr
         floor = max(floor, v)  # never cheaper than a forward of fewer tokens (a lower reading is noise)
         verify[k + 1] = floor
     c = float("nan") if measured["c"] is None else float(measured["c"])  # nothing timed: a busy machine
+    copies = {}
+    for n, v in sorted((int(n), float(v)) for n, v in measured.get("copies", {}).items()):
+        floor = max(floor, v)
+        copies[n] = floor
     return DraftCosts(c, verify, measured.get("target_step_ms"),
                       datetime.date.today().isoformat(), machine_name(), draft_step_floor, measured.get("others"),
-                      int(measured.get("rounds", 0)), int(measured.get("agreeing", 0)))
+                      int(measured.get("rounds", 0)), int(measured.get("agreeing", 0)), copies)
 
 
 def expected_tokens(k: int, acceptance: float) -> float:

@@ -25,11 +25,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .draft_choice import BUSY, MEASURED_KS, costs_from_measurement
+from .draft_choice import BUSY, COPY_TOKENS, MEASURED_KS, costs_from_measurement
 
 ROUNDS = 3  # rounds of every shape; enough for a minimum when they agree
 LOOK_S = 0.2  # how long the machine's load is read before anything is timed
 MAX_ROUNDS = 6  # when some round's own figures decide otherwise, this many in all
+COPY_ROUNDS = 2  # rounds of the long copies' forwards (each round ~28 target steps on a 2-core CPU)
 CONTEXT = 64  # tokens in the cache when a forward is timed, as a short prompt leaves it
 # A CPU's decoding step streams every weight once, so a draft step costs at least about its share of the bytes;
 # 0.9 of it leaves room for kernels that do better per byte. The default pair (a Q8_0 draft, the cheapest format
@@ -140,24 +141,44 @@ def _decisions(timed: list[dict], floor: float | None, decide, verify: dict | No
     return [decide(costs_of([r], floor, verify)) for r in timed]
 
 
+def copy_costs(timer: Timer, copies: tuple[int, ...], step_s: float, rounds: int = COPY_ROUNDS,
+               load: OthersLoad | None = None) -> dict[str, float]:
+    """v(n) of the target for each n in copies, in target steps of step_s: the least of `rounds` forwards of n
+    tokens. A long copy's verification is priced from these (policy.estimates.CostPrior) where a run keeps its
+    costs fixed; between the measured K's last point and them v(n) would otherwise be extended along a line, and a
+    CPU's forward of 65 tokens costs far less per token than one of 9 (a 2-vCPU Xeon: v(9) = 3.9, v(65) = 14.6).
+    {} when other processes took more than BUSY of the CPUs meanwhile (the extension is used then)."""
+    least: dict[int, float] = {}
+    with (load or OthersLoad()) as load:
+        for _ in range(rounds):
+            for n in copies:
+                least[n] = min(least.get(n, float("inf")), timer("target", n))
+            if load.busy():
+                return {}
+    return {} if load.busy() else {str(n): least[n] / step_s for n in copies}
+
+
 # ---------------------------------------------------------------------------------------------- real forwards
 def measure_costs(target, draft_model=None, floor: float | None = None, rounds: int = ROUNDS,
-                  max_rounds: int = MAX_ROUNDS, acceptance: float | None = None, verify: dict | None = None) -> dict:
+                  max_rounds: int = MAX_ROUNDS, acceptance: float | None = None, verify: dict | None = None,
+                  copies: tuple[int, ...] = ()) -> dict:
     """run_rounds on real forwards on a warm 64-token context: the target's alone (c is then `floor`), or the
     target's and the draft model's. acceptance: what the model must pay at (default draft_choice's
-    TYPICAL_ACCEPTANCE), for the rounds' own decisions. verify: the target's v(n) timed just before (run_rounds)."""
+    TYPICAL_ACCEPTANCE), for the rounds' own decisions. verify: the target's v(n) timed just before (run_rounds).
+    copies: forwards of these many tokens timed after the rounds (copy_costs), as "copies" {n: v(n)}."""
     import torch
 
     from ..backends import huge_pages
     from ..backends.base import pad
     from ..engine.generators import AutoregressiveGenerator, SpeculativeGenerator
 
-    backends = {}
+    backends, timers = {}, []
 
     def make_timer() -> Timer:
         gen = (SpeculativeGenerator(target, draft_model, num_speculative_tokens=1) if draft_model is not None
                else AutoregressiveGenerator(target))
-        context = [(7 * i + 100) % min(gen.vocab_size, 5000) for i in range(CONTEXT + max(MEASURED_KS) + 1)]
+        context = [(7 * i + 100) % min(gen.vocab_size, 5000)
+                   for i in range(CONTEXT + max(MEASURED_KS + tuple(n - 1 for n in copies)) + 1)]
         backends.update(target=gen.target, **({"draft": gen.drafter.backend} if draft_model is not None else {}))
         for backend in backends.values():
             backend.reset(1)
@@ -172,14 +193,18 @@ def measure_costs(target, draft_model=None, floor: float | None = None, rounds: 
             backend.trim([CONTEXT])
             return elapsed
 
+        timers.append(timer)
         return timer
 
     try:
         decide = None if acceptance is None else (
             lambda measured: costs_from_measurement(measured).model_can_pay(acceptance=acceptance))
         with huge_pages.paused(target, *([draft_model] if draft_model is not None else [])):
-            return run_rounds(make_timer, draft_model is not None, floor, rounds, max_rounds, decide=decide,
-                              verify=verify)
+            measured = run_rounds(make_timer, draft_model is not None, floor, rounds, max_rounds, decide=decide,
+                                  verify=verify)
+            if copies and timers and measured["rounds"] and measured["target_step_ms"]:
+                measured["copies"] = copy_costs(timers[0], copies, measured["target_step_ms"] / 1000)
+            return measured
     finally:
         if "target" in backends:
             backends["target"].reset(0)

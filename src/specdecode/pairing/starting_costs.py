@@ -37,7 +37,7 @@ def recorded_cost_prior(opts, target):
         return CostPrior.cpu() if (weights_bytes(target) or 0) >= STEEP_BYTES else None
     costs, same_draft = found
     timed = same_draft and not costs.draft_step_floor and costs.draft_step > 0
-    return CostPrior.measured(costs.verify, costs.draft_step if timed else None)
+    return CostPrior.measured({**costs.verify, **costs.copies}, costs.draft_step if timed else None)
 
 
 def weights_bytes(target) -> int | None:
