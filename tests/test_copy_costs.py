@@ -119,3 +119,21 @@ def test_auto_records_the_copies_timed_with_the_targets_forwards_when_the_draft_
     assert choice.uses_model and asked == [many_cores["v"]]
     recorded = draft_choice.load_costs(pair.auto_cost_key(pair.ModelOptions(), pair.DEFAULT_DRAFT))
     assert recorded.copies == {17: 1.4, 65: 2.5} and recorded.draft_step == 0.3
+
+
+def test_a_record_from_before_copies_were_timed_gets_them_once(tmp_path, monkeypatch):
+    from specdecode.pairing import pair
+
+    monkeypatch.setattr(draft_choice, "costs_path", lambda: tmp_path / "costs.json")
+    monkeypatch.setattr(pair, "auto_draft_model", lambda opts: pair.DEFAULT_DRAFT)
+    key = pair.auto_cost_key(pair.ModelOptions(), pair.DEFAULT_DRAFT)
+    draft_choice.save_costs(key, costs_from_measurement(_measured({})))
+    timings = []
+    readings = iter([{}, {"17": 4.0, "33": 6.5, "65": 2.0}])  # a busy machine first: nothing recorded, tried again
+    monkeypatch.setattr(pair, "measure_copy_costs", lambda target: timings.append(1) or next(readings))
+    target = type("T", (), {"backend": "llamacpp", "device": type("d", (), {"type": "cpu"})()})()
+    for _ in range(3):
+        choice, model = pair.resolve_auto_draft(pair.ModelOptions(), target)
+        assert choice.draft == "suffix" and model is None  # the choice is the record's: c = 0.4 cannot pay here
+    assert timings == [1, 1]
+    assert draft_choice.load_costs(key).copies == {17: 4.0, 33: 6.5, 65: 6.5}  # never below a smaller forward
