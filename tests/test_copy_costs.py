@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.pairing import draft_choice
+from specdecode.pairing import draft_choice, draft_timing
 from specdecode.pairing.draft_choice import COPY_TOKENS, DraftCosts, costs_from_measurement
 from specdecode.pairing.draft_timing import OthersLoad, copy_costs
 
@@ -91,8 +91,6 @@ def test_a_cpu_runs_fixed_costs_price_a_long_copy_from_the_recorded_forwards(tmp
 
 
 def test_measure_costs_times_the_copies_on_a_real_model(tiny_pair, monkeypatch):
-    from specdecode.pairing import draft_timing
-
     monkeypatch.setattr(draft_timing, "cpu_seconds", lambda: None)  # the load unread: a busy CI still times
     monkeypatch.setattr(draft_timing, "LOOK_S", 0.0)
     measured = draft_timing.measure_costs(tiny_pair[0], None, floor=0.5, rounds=1, max_rounds=1, copies=(5, 9))
@@ -111,8 +109,8 @@ def test_auto_records_the_copies_timed_with_the_targets_forwards_when_the_draft_
     many_cores = {"c": 0.3, "v": {str(k): 1 + 0.02 * k for k in (1, 2, 3, 4, 6, 8)}, "target_step_ms": 40.0,
                   "others": 0.01, "rounds": 3, "agreeing": 3}
     asked = []
-    monkeypatch.setattr(pair, "measure_target_costs",
-                        lambda target, floor, **k: {**many_cores, "c": floor, "copies": {"17": 1.4, "65": 2.5}})
+    monkeypatch.setattr(pair, "measure_target_costs", lambda target, floor, **k: {**many_cores, "c": floor})
+    monkeypatch.setattr(draft_timing, "measure_copy_costs", lambda target: {"17": 1.4, "65": 2.5})
     monkeypatch.setattr(pair, "measure_pair_costs", lambda *a, verify=None, **k: asked.append(verify) or many_cores)
     target = type("T", (), {"backend": "llamacpp", "device": type("d", (), {"type": "cpu"})()})()
     choice, _ = pair.resolve_auto_draft(pair.ModelOptions(), target)
@@ -130,7 +128,7 @@ def test_a_record_from_before_copies_were_timed_gets_them_once(tmp_path, monkeyp
     draft_choice.save_costs(key, costs_from_measurement(_measured({})))
     timings = []
     readings = iter([{}, {"17": 4.0, "33": 6.5, "65": 2.0}])  # a busy machine first: nothing recorded, tried again
-    monkeypatch.setattr(pair, "measure_copy_costs", lambda target: timings.append(1) or next(readings))
+    monkeypatch.setattr(draft_timing, "measure_copy_costs", lambda target: timings.append(1) or next(readings))
     target = type("T", (), {"backend": "llamacpp", "device": type("d", (), {"type": "cpu"})()})()
     for _ in range(3):
         choice, model = pair.resolve_auto_draft(pair.ModelOptions(), target)

@@ -210,6 +210,37 @@ def measure_costs(target, draft_model=None, floor: float | None = None, rounds: 
             backends["target"].reset(0)
 
 
+def measure_copy_costs(target) -> dict:
+    """v(n) of the target's long copies' forwards here ({} on a busy machine): one round of its own forwards, for
+    the step they are counted in, then the copies (copy_costs)."""
+    return measure_costs(target, None, None, rounds=1, max_rounds=1, copies=COPY_TOKENS).get("copies", {})
+
+
+def with_copies(costs, target, key: str | None = None):
+    """costs (DraftCosts, sure ones only) with the long copies' v(n) timed on target (measure_copy_costs) and, where
+    key is given and they were, recorded under it. Timing them is a bonus: where it cannot be done (a machine too
+    busy, a target that is no model to time) the costs stay as they are and the policy extends the short forwards'
+    line."""
+    from dataclasses import replace
+
+    from .draft_choice import costs_from_measurement, save_costs
+
+    if not costs.sure:
+        return costs
+    try:
+        copies = measure_copy_costs(target)
+    except (TypeError, ValueError, RuntimeError, AttributeError):
+        return costs
+    if not copies:
+        return costs
+    floor = max(costs.verify.values(), default=1.0)
+    timed = costs_from_measurement({"c": None, "v": {}, "copies": copies}).copies
+    costs = replace(costs, copies={n: max(v, floor) for n, v in timed.items()})
+    if key is not None:
+        save_costs(key, costs)
+    return costs
+
+
 # ---------------------------------------------------------------------------------------------- the floor
 def draft_step_floor(target, target_name: str, draft_name: str, lean: bool = False) -> float | None:
     """The least a step of the draft model can cost, in target steps, where llama.cpp runs both as GGUF files:

